@@ -1,0 +1,232 @@
+//! `/drives`: create, list, read and delete drives. A drive is immutable once created.
+
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use super::caller::Caller;
+use super::error::{ApiError, ErrorBody, on_constraint};
+use super::extract::{Body, Params};
+use super::list::{List, ListParams};
+use super::meta::ObjectMeta;
+use super::{AppState, workers::WorkerRef};
+use crate::domain::drive::{DriveSpec, Location};
+use crate::domain::meta::MetaInput;
+use crate::domain::path::AbsPath;
+use crate::domain::role::Role;
+use crate::domain::{Name, Problems};
+use crate::store::{self, drives::DriveRecord};
+
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new().routes(routes!(list, create)).routes(routes!(get, delete, replace, patch))
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DriveInput {
+    pub metadata: MetaInput,
+    pub spec: DriveSpec,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Drive {
+    pub metadata: ObjectMeta,
+    pub spec: DriveSpec,
+    pub status: DriveStatus,
+    /// The drive's copy on each machine that holds one.
+    pub copies: Vec<Copy>,
+    /// Workers that mount the drive and have not ended.
+    pub used_by: Vec<WorkerRef>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct DriveStatus {
+    /// `<namespace>.<drive>`, as messages and folders name it.
+    pub full_name: String,
+    /// Where copies live inside a machine's data location.
+    pub folder: String,
+}
+
+/// A drive's copy in one machine's data location.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Copy {
+    pub node: String,
+    pub folder: String,
+    pub bytes: u64,
+    pub complete: bool,
+    /// `Filling`, `Complete` or `Failed`.
+    pub state: String,
+    pub last_used_at: Option<DateTime<Utc>>,
+}
+
+pub fn full_name(namespace: &str, drive: &str) -> String {
+    format!("{namespace}.{drive}")
+}
+
+fn to_object(caller: &Caller, r: DriveRecord, used_by: Vec<WorkerRef>) -> Drive {
+    let full = full_name(&caller.workspace, &r.name);
+    Drive {
+        metadata: ObjectMeta {
+            name: r.name,
+            namespace: caller.workspace.clone(),
+            uid: r.id,
+            created_at: r.created_at,
+            labels: r.labels.0,
+        },
+        spec: r.spec.0,
+        status: DriveStatus { folder: format!("drives/{full}"), full_name: full },
+        copies: vec![],
+        used_by,
+    }
+}
+
+/// Host paths must lie under one the organisation admin granted this workspace on the cluster.
+async fn check_grant(app: &AppState, caller: &Caller, spec: &DriveSpec) -> Result<(), ApiError> {
+    let path = match spec.location() {
+        Location::Placed(_) => return Ok(()),
+        Location::Shared(p) | Location::Node(_, p) => p,
+    };
+    let grants = store::grants::list(&app.db, caller.workspace_id, spec.cluster.as_str()).await?;
+    let granted = grants.iter().filter_map(|g| AbsPath::parse(g).ok()).any(|g| path.is_within(&g));
+    if granted {
+        return Ok(());
+    }
+    Err(ApiError::invalid(
+        "spec.sources[0].path",
+        format!(
+            "{path} is not under a host path granted to workspace {} on cluster {} \
+             (an organisation admin grants them in Settings → Clusters → Change → Host paths)",
+            caller.workspace, spec.cluster
+        ),
+    ))
+}
+
+/// Create a drive.
+#[utoipa::path(post, path = "/drives", tag = "drives", request_body = DriveInput,
+    responses(
+        (status = 201, description = "Created", body = Drive),
+        (status = 400, description = "Malformed JSON or an unknown field", body = ErrorBody),
+        (status = 409, description = "The name is taken", body = ErrorBody),
+        (status = 422, description = "An invalid value", body = ErrorBody),
+    ),
+    security(("bearer" = [])))]
+pub async fn create(
+    State(app): State<AppState>,
+    caller: Caller,
+    Body(input): Body<DriveInput>,
+) -> Result<(StatusCode, Json<Drive>), ApiError> {
+    caller.require(Role::Editor, "create drives")?;
+    let mut problems = Problems::default();
+    input.metadata.check(&mut problems);
+    input.spec.check(&mut problems);
+    problems.finish().map_err(ApiError::Invalid)?;
+    if !store::clusters::exists(&app.db, input.spec.cluster.as_str()).await? {
+        return Err(ApiError::invalid(
+            "spec.cluster",
+            format!("cluster {} does not exist", input.spec.cluster),
+        ));
+    }
+    check_grant(&app, &caller, &input.spec).await?;
+    let name = input.metadata.name.as_str();
+    let record =
+        store::drives::insert(&app.db, caller.workspace_id, name, &input.metadata.labels, &input.spec)
+            .await
+            .map_err(on_constraint("drives_workspace_name_key", || format!("drive {name} already exists")))?;
+    Ok((StatusCode::CREATED, Json(to_object(&caller, record, vec![]))))
+}
+
+/// List the workspace's drives, newest first.
+#[utoipa::path(get, path = "/drives", tag = "drives", params(ListParams),
+    responses((status = 200, body = List<Drive>)), security(("bearer" = [])))]
+pub async fn list(
+    State(app): State<AppState>,
+    caller: Caller,
+    Params(params): Params<ListParams>,
+) -> Result<Json<List<Drive>>, ApiError> {
+    let page = params.page()?;
+    let rows = store::drives::list(&app.db, caller.workspace_id, page).await?;
+    Ok(Json(List::from_rows(rows, page, |r| r.id, |r| to_object(&caller, r, vec![]))))
+}
+
+async fn find(app: &AppState, caller: &Caller, name: &str) -> Result<DriveRecord, ApiError> {
+    let found = match Name::parse(name) {
+        Ok(n) => store::drives::get(&app.db, caller.workspace_id, n.as_str()).await?,
+        Err(_) => None,
+    };
+    found.ok_or_else(|| ApiError::not_found("drive", name))
+}
+
+/// Read a drive with its copies and the workers that use it.
+#[utoipa::path(get, path = "/drives/{name}", tag = "drives", params(("name" = String, Path)),
+    responses((status = 200, body = Drive), (status = 404, body = ErrorBody)), security(("bearer" = [])))]
+pub async fn get(
+    State(app): State<AppState>,
+    caller: Caller,
+    Path(name): Path<String>,
+) -> Result<Json<Drive>, ApiError> {
+    let record = find(&app, &caller, &name).await?;
+    let used_by = store::workers::using_drive(&app.db, record.id).await?;
+    Ok(Json(to_object(&caller, record, used_by.into_iter().map(WorkerRef::from).collect())))
+}
+
+/// Delete a drive. Refused while a worker that has not ended mounts it.
+#[utoipa::path(delete, path = "/drives/{name}", tag = "drives", params(("name" = String, Path)),
+    responses(
+        (status = 204, description = "Deleted"),
+        (status = 404, body = ErrorBody),
+        (status = 409, description = "A worker uses the drive", body = ErrorBody),
+    ),
+    security(("bearer" = [])))]
+pub async fn delete(
+    State(app): State<AppState>,
+    caller: Caller,
+    Path(name): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    caller.require(Role::Editor, "delete drives")?;
+    let mut tx = app.db.begin().await?;
+    let id = match Name::parse(&name) {
+        Ok(n) => store::drives::lock_for_delete(&mut tx, caller.workspace_id, n.as_str()).await?,
+        Err(_) => None,
+    };
+    let id = id.ok_or_else(|| ApiError::not_found("drive", &name))?;
+    if let Some(w) = store::workers::using_drive(&mut *tx, id).await?.first() {
+        return Err(ApiError::Conflict(format!(
+            "drive {name} is used by worker {} ({:?}): delete run {} first",
+            w.name, w.state, w.run_name
+        )));
+    }
+    store::drives::delete(&mut *tx, id).await?;
+    tx.commit().await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn immutable(app: &AppState, caller: &Caller, name: &str) -> ApiError {
+    if let Err(e) = caller.require(Role::Editor, "change drives") {
+        return e;
+    }
+    match find(app, caller, name).await {
+        Ok(_) => ApiError::MethodNotAllowed(format!(
+            "drive {name} cannot be changed: a drive is immutable; delete it and create it again"
+        )),
+        Err(e) => e,
+    }
+}
+
+/// Drives cannot be replaced: delete the drive and create it again.
+#[utoipa::path(put, path = "/drives/{name}", tag = "drives", params(("name" = String, Path)),
+    responses((status = 405, body = ErrorBody), (status = 404, body = ErrorBody)), security(("bearer" = [])))]
+pub async fn replace(State(app): State<AppState>, caller: Caller, Path(name): Path<String>) -> ApiError {
+    immutable(&app, &caller, &name).await
+}
+
+/// Drives cannot be patched: delete the drive and create it again.
+#[utoipa::path(patch, path = "/drives/{name}", tag = "drives", params(("name" = String, Path)),
+    responses((status = 405, body = ErrorBody), (status = 404, body = ErrorBody)), security(("bearer" = [])))]
+pub async fn patch(State(app): State<AppState>, caller: Caller, Path(name): Path<String>) -> ApiError {
+    immutable(&app, &caller, &name).await
+}

@@ -1,0 +1,125 @@
+//! One error type for every route, answered as `{"error": {"code", "message", "fields"}}`.
+
+use axum::Json;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+use utoipa::ToSchema;
+
+use crate::domain::FieldError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    #[error("{message}")]
+    BadRequest { message: String, fields: Vec<FieldError> },
+    #[error("{0}")]
+    Unauthorized(String),
+    #[error("{0}")]
+    Forbidden(String),
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    MethodNotAllowed(String),
+    #[error("{0}")]
+    Conflict(String),
+    #[error("{0}")]
+    PayloadTooLarge(String),
+    #[error("{0}")]
+    UnsupportedMediaType(String),
+    #[error("invalid request")]
+    Invalid(Vec<FieldError>),
+    #[error("the database is unavailable")]
+    Unavailable(#[source] sqlx::Error),
+    #[error("internal error")]
+    Internal(#[from] anyhow::Error),
+}
+
+/// The body of every error answer.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ErrorBody {
+    pub error: ErrorDetail,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ErrorDetail {
+    /// Stable, machine-readable: `bad_request`, `unauthorized`, `forbidden`, `not_found`,
+    /// `method_not_allowed`, `conflict`, `payload_too_large`, `unsupported_media_type`,
+    /// `invalid`, `unavailable`, `internal`.
+    pub code: &'static str,
+    pub message: String,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub fields: Vec<FieldError>,
+}
+
+impl ApiError {
+    pub fn not_found(kind: &str, name: &str) -> ApiError {
+        ApiError::NotFound(format!("{kind} {name} not found"))
+    }
+
+    pub fn invalid(path: impl Into<String>, message: impl Into<String>) -> ApiError {
+        ApiError::Invalid(vec![FieldError { path: path.into(), message: message.into() }])
+    }
+
+    fn parts(&self) -> (StatusCode, &'static str) {
+        match self {
+            ApiError::BadRequest { .. } => (StatusCode::BAD_REQUEST, "bad_request"),
+            ApiError::Unauthorized(_) => (StatusCode::UNAUTHORIZED, "unauthorized"),
+            ApiError::Forbidden(_) => (StatusCode::FORBIDDEN, "forbidden"),
+            ApiError::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
+            ApiError::MethodNotAllowed(_) => (StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed"),
+            ApiError::Conflict(_) => (StatusCode::CONFLICT, "conflict"),
+            ApiError::PayloadTooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large"),
+            ApiError::UnsupportedMediaType(_) => {
+                (StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type")
+            }
+            ApiError::Invalid(_) => (StatusCode::UNPROCESSABLE_ENTITY, "invalid"),
+            ApiError::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
+            ApiError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
+        }
+    }
+}
+
+impl From<sqlx::Error> for ApiError {
+    fn from(e: sqlx::Error) -> ApiError {
+        match e {
+            sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Io(_) => {
+                ApiError::Unavailable(e)
+            }
+            e => ApiError::Internal(e.into()),
+        }
+    }
+}
+
+/// Turns a violation of the named constraint into a 409 with `message`; any other error as usual.
+pub fn on_constraint(
+    constraint: &'static str,
+    message: impl FnOnce() -> String,
+) -> impl FnOnce(sqlx::Error) -> ApiError {
+    move |e| match &e {
+        sqlx::Error::Database(db) if db.constraint() == Some(constraint) => ApiError::Conflict(message()),
+        _ => e.into(),
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let (status, code) = self.parts();
+        let (message, fields) = match self {
+            ApiError::BadRequest { message, fields } => (message, fields),
+            ApiError::Invalid(fields) => {
+                let first = fields.first().map(|f| format!("{}: {}", f.path, f.message)).unwrap_or_default();
+                (first, fields)
+            }
+            ApiError::Unavailable(e) => {
+                tracing::warn!(error = %e, "database unavailable");
+                ("the service is unavailable, try again shortly".into(), vec![])
+            }
+            ApiError::Internal(e) => {
+                tracing::error!(error = ?e, "internal error");
+                ("internal error".into(), vec![])
+            }
+            other => (other.to_string(), vec![]),
+        };
+        (status, Json(ErrorBody { error: ErrorDetail { code, message, fields } })).into_response()
+    }
+}

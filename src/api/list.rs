@@ -1,0 +1,63 @@
+//! Paginated lists: `?limit=N&cursor=ID`, newest first, and the page object they answer with.
+
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+use uuid::Uuid;
+
+use super::error::ApiError;
+use crate::store::Page;
+
+pub const DEFAULT_LIMIT: i64 = 100;
+pub const MAX_LIMIT: i64 = 1000;
+
+#[derive(Debug, Default, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct ListParams {
+    /// At most this many items (1–1000, default 100).
+    pub limit: Option<i64>,
+    /// The `next` value of the previous page.
+    pub cursor: Option<Uuid>,
+    /// Runs only: also completed and failed runs.
+    #[serde(default)]
+    pub all: bool,
+}
+
+impl ListParams {
+    /// One more than asked, so the answer knows whether another page follows.
+    pub fn page(&self) -> Result<Page, ApiError> {
+        let limit = self.limit.unwrap_or(DEFAULT_LIMIT);
+        if !(1..=MAX_LIMIT).contains(&limit) {
+            return Err(ApiError::BadRequest {
+                message: format!("limit must be between 1 and {MAX_LIMIT}"),
+                fields: vec![],
+            });
+        }
+        Ok(Page { limit: limit + 1, before: self.cursor })
+    }
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct List<T> {
+    pub items: Vec<T>,
+    /// Pass as `cursor` for the next page; absent on the last page.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next: Option<Uuid>,
+}
+
+impl<T> List<T> {
+    /// Builds a page from rows fetched with [`ListParams::page`]: `id` gives each row's cursor.
+    pub fn from_rows<R>(
+        mut rows: Vec<R>,
+        page: Page,
+        id: impl Fn(&R) -> Uuid,
+        item: impl FnMut(R) -> T,
+    ) -> List<T> {
+        let more = rows.len() as i64 >= page.limit;
+        if more {
+            rows.truncate(page.limit as usize - 1);
+        }
+        let next = if more { rows.last().map(&id) } else { None };
+        List { items: rows.into_iter().map(item).collect(), next }
+    }
+}

@@ -1,0 +1,162 @@
+//! Organisation administration: workspaces, clusters, and the host paths each workspace may use.
+
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use super::AppState;
+use super::caller::Caller;
+use super::error::{ApiError, ErrorBody, on_constraint};
+use super::extract::Body;
+use super::list::List;
+use crate::domain::path::AbsPath;
+use crate::domain::{FieldError, Name};
+use crate::store;
+
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(list_workspaces, create_workspace))
+        .routes(routes!(list_clusters, create_cluster))
+        .routes(routes!(get_host_paths, put_host_paths))
+}
+
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NameInput {
+    pub name: Name,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Named {
+    pub name: String,
+    pub created_at: DateTime<Utc>,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct HostPaths {
+    /// Absolute paths; drives of the workspace may use these and what lies below them.
+    pub paths: Vec<AbsPath>,
+}
+
+/// List workspaces.
+#[utoipa::path(get, path = "/workspaces", tag = "organisation",
+    responses((status = 200, body = List<Named>), (status = 403, body = ErrorBody)), security(("bearer" = [])))]
+pub async fn list_workspaces(
+    State(app): State<AppState>,
+    caller: Caller,
+) -> Result<Json<List<Named>>, ApiError> {
+    caller.require_org_admin("list workspaces")?;
+    let rows = store::workspaces::list(&app.db).await?;
+    let items = rows.into_iter().map(|w| Named { name: w.name, created_at: w.created_at }).collect();
+    Ok(Json(List { items, next: None }))
+}
+
+/// Create a workspace.
+#[utoipa::path(post, path = "/workspaces", tag = "organisation", request_body = NameInput,
+    responses((status = 201, body = Named), (status = 409, body = ErrorBody)), security(("bearer" = [])))]
+pub async fn create_workspace(
+    State(app): State<AppState>,
+    caller: Caller,
+    Body(input): Body<NameInput>,
+) -> Result<(StatusCode, Json<Named>), ApiError> {
+    caller.require_org_admin("create workspaces")?;
+    let name = input.name.as_str();
+    let w = store::workspaces::insert(&app.db, name)
+        .await
+        .map_err(on_constraint("workspaces_name_key", || format!("workspace {name} already exists")))?;
+    Ok((StatusCode::CREATED, Json(Named { name: w.name, created_at: w.created_at })))
+}
+
+/// List clusters.
+#[utoipa::path(get, path = "/clusters", tag = "organisation",
+    responses((status = 200, body = List<Named>)), security(("bearer" = [])))]
+pub async fn list_clusters(
+    State(app): State<AppState>,
+    _caller: Caller,
+) -> Result<Json<List<Named>>, ApiError> {
+    let rows = store::clusters::list(&app.db).await?;
+    let items = rows.into_iter().map(|c| Named { name: c.name, created_at: c.created_at }).collect();
+    Ok(Json(List { items, next: None }))
+}
+
+/// Create a cluster.
+#[utoipa::path(post, path = "/clusters", tag = "organisation", request_body = NameInput,
+    responses((status = 201, body = Named), (status = 409, body = ErrorBody)), security(("bearer" = [])))]
+pub async fn create_cluster(
+    State(app): State<AppState>,
+    caller: Caller,
+    Body(input): Body<NameInput>,
+) -> Result<(StatusCode, Json<Named>), ApiError> {
+    caller.require_org_admin("create clusters")?;
+    let name = input.name.as_str();
+    let c = store::clusters::insert(&app.db, name)
+        .await
+        .map_err(on_constraint("clusters_pkey", || format!("cluster {name} already exists")))?;
+    Ok((StatusCode::CREATED, Json(Named { name: c.name, created_at: c.created_at })))
+}
+
+async fn target(app: &AppState, workspace: &str, cluster: &str) -> Result<uuid::Uuid, ApiError> {
+    let ws = store::workspaces::by_name(&app.db, workspace)
+        .await?
+        .ok_or_else(|| ApiError::not_found("workspace", workspace))?;
+    if !store::clusters::exists(&app.db, cluster).await? {
+        return Err(ApiError::not_found("cluster", cluster));
+    }
+    Ok(ws.id)
+}
+
+/// The host paths a workspace may use on a cluster.
+#[utoipa::path(get, path = "/workspaces/{workspace}/clusters/{cluster}/host-paths", tag = "organisation",
+    params(("workspace" = String, Path), ("cluster" = String, Path)),
+    responses((status = 200, body = HostPaths), (status = 404, body = ErrorBody)), security(("bearer" = [])))]
+pub async fn get_host_paths(
+    State(app): State<AppState>,
+    caller: Caller,
+    Path((workspace, cluster)): Path<(String, String)>,
+) -> Result<Json<HostPaths>, ApiError> {
+    caller.require_org_admin("read host-path grants")?;
+    let ws = target(&app, &workspace, &cluster).await?;
+    let rows = store::grants::list(&app.db, ws, &cluster).await?;
+    Ok(Json(HostPaths { paths: rows.iter().filter_map(|p| AbsPath::parse(p).ok()).collect() }))
+}
+
+/// Replace the host paths a workspace may use on a cluster.
+#[utoipa::path(put, path = "/workspaces/{workspace}/clusters/{cluster}/host-paths", tag = "organisation",
+    params(("workspace" = String, Path), ("cluster" = String, Path)), request_body = HostPaths,
+    responses((status = 200, body = HostPaths), (status = 404, body = ErrorBody), (status = 422, body = ErrorBody)),
+    security(("bearer" = [])))]
+pub async fn put_host_paths(
+    State(app): State<AppState>,
+    caller: Caller,
+    Path((workspace, cluster)): Path<(String, String)>,
+    Body(input): Body<HostPaths>,
+) -> Result<Json<HostPaths>, ApiError> {
+    caller.require_org_admin("grant host paths")?;
+    let ws = target(&app, &workspace, &cluster).await?;
+    let roots: Vec<FieldError> = input
+        .paths
+        .iter()
+        .enumerate()
+        .filter(|(_, p)| p.is_root())
+        .map(|(i, _)| FieldError {
+            path: format!("paths[{i}]"),
+            message: "granting / would grant the whole machine".into(),
+        })
+        .collect();
+    if !roots.is_empty() {
+        return Err(ApiError::Invalid(roots));
+    }
+    let mut paths: Vec<String> = input.paths.iter().map(|p| p.to_string()).collect();
+    paths.sort();
+    paths.dedup();
+    let mut tx = app.db.begin().await?;
+    store::grants::replace(&mut tx, ws, &cluster, &paths).await?;
+    tx.commit().await?;
+    Ok(Json(HostPaths { paths: paths.iter().filter_map(|p| AbsPath::parse(p).ok()).collect() }))
+}

@@ -1,0 +1,231 @@
+//! `/runs`: submit, list, read and delete runs; each run's workers under it.
+
+use std::collections::{HashMap, HashSet};
+
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use super::AppState;
+use super::caller::Caller;
+use super::error::{ApiError, ErrorBody, on_constraint};
+use super::extract::{Body, Params};
+use super::list::{List, ListParams};
+use super::meta::ObjectMeta;
+use super::workers::{self, Worker};
+use crate::domain::meta::MetaInput;
+use crate::domain::role::Role;
+use crate::domain::run::{RunSpec, RunState};
+use crate::domain::{FieldError, Name, Problems};
+use crate::store::{self, drives::DriveRecord, runs::RunRecord};
+
+/// Fill runs are named `fill-<drive>-<machine>`; users pick other names.
+pub const FILL_PREFIX: &str = "fill-";
+
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(list, create))
+        .routes(routes!(get, delete))
+        .routes(routes!(list_workers))
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RunInput {
+    pub metadata: MetaInput,
+    pub spec: RunSpec,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Run {
+    pub metadata: ObjectMeta,
+    pub spec: RunSpec,
+    pub status: RunStatus,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct RunStatus {
+    /// `Pending`, `Running`, `Completed` or `Failed`.
+    pub state: RunState,
+    /// Why, in a person's words: `Waiting for workers to start`, `1 of 1 workers running`, …
+    pub reason: String,
+    /// The run's workers; only when one run is read.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub workers: Option<Vec<Worker>>,
+}
+
+fn to_object(namespace: &str, r: RunRecord, workers: Option<Vec<Worker>>) -> Run {
+    Run {
+        metadata: ObjectMeta {
+            name: r.name,
+            namespace: namespace.to_owned(),
+            uid: r.id,
+            created_at: r.created_at,
+            labels: r.labels.0,
+        },
+        spec: r.spec.0,
+        status: RunStatus { state: r.state, reason: r.reason, workers },
+    }
+}
+
+/// Fills in each mount's path and mode from its drive, and checks what needs the drives.
+fn resolve_mounts(spec: &mut RunSpec, drives: &[DriveRecord], p: &mut Problems) {
+    let by_name: HashMap<&str, &DriveRecord> = drives.iter().map(|d| (d.name.as_str(), d)).collect();
+    let mut mount_paths = HashSet::new();
+    for (i, r) in spec.task_template.datavolume_refs.iter_mut().enumerate() {
+        let at = format!("spec.task_template.datavolume_refs[{i}]");
+        let Some(drive) = by_name.get(r.name.as_str()) else {
+            p.add(format!("{at}.name"), format!("drive {} does not exist", r.name));
+            continue;
+        };
+        let source = drive.spec.0.source();
+        if drive.spec.0.cluster != spec.cluster {
+            p.add(
+                format!("{at}.name"),
+                format!(
+                    "drive {} is on cluster {}, the run on {}",
+                    r.name, drive.spec.0.cluster, spec.cluster
+                ),
+            );
+        }
+        let mount = r.mount_path.get_or_insert_with(|| source.mount_path.clone());
+        if !mount_paths.insert(mount.as_str().to_owned()) {
+            p.add(
+                format!("{at}.mount_path"),
+                format!("{mount} is already used by another drive of this task"),
+            );
+        }
+        r.mode.get_or_insert(source.mode);
+    }
+}
+
+/// Submit a run. Its workers start Pending.
+#[utoipa::path(post, path = "/runs", tag = "runs", request_body = RunInput,
+    responses(
+        (status = 201, description = "Created", body = Run),
+        (status = 400, description = "Malformed JSON or an unknown field", body = ErrorBody),
+        (status = 409, description = "The name is taken", body = ErrorBody),
+        (status = 422, description = "An invalid value", body = ErrorBody),
+    ),
+    security(("bearer" = [])))]
+pub async fn create(
+    State(app): State<AppState>,
+    caller: Caller,
+    Body(input): Body<RunInput>,
+) -> Result<(StatusCode, Json<Run>), ApiError> {
+    caller.require(Role::Editor, "create runs")?;
+    let RunInput { metadata, mut spec } = input;
+    let mut problems = Problems::default();
+    metadata.check(&mut problems);
+    spec.check(&mut problems);
+    if metadata.name.as_str().starts_with(FILL_PREFIX) {
+        problems.add("metadata.name", "names starting with fill- are kept for fill runs");
+    }
+    problems.finish().map_err(ApiError::Invalid)?;
+    if !store::clusters::exists(&app.db, spec.cluster.as_str()).await? {
+        return Err(ApiError::invalid("spec.cluster", format!("cluster {} does not exist", spec.cluster)));
+    }
+    let secret_names: Vec<String> =
+        spec.task_template.secret_refs.iter().map(|s| s.name.to_string()).collect();
+    let found: HashSet<String> =
+        store::secrets::existing(&app.db, caller.workspace_id, &secret_names).await?.into_iter().collect();
+    let missing: Vec<FieldError> = secret_names
+        .iter()
+        .enumerate()
+        .filter(|(_, n)| !found.contains(*n))
+        .map(|(i, n)| FieldError {
+            path: format!("spec.task_template.secret_refs[{i}].name"),
+            message: format!("secret {n} does not exist"),
+        })
+        .collect();
+    if !missing.is_empty() {
+        return Err(ApiError::Invalid(missing));
+    }
+
+    let mut tx = app.db.begin().await?;
+    let drive_names: Vec<String> =
+        spec.task_template.datavolume_refs.iter().map(|r| r.name.to_string()).collect();
+    let drives = store::drives::lock_for_share(&mut tx, caller.workspace_id, &drive_names).await?;
+    let mut problems = Problems::default();
+    resolve_mounts(&mut spec, &drives, &mut problems);
+    problems.finish().map_err(ApiError::Invalid)?;
+    let name = metadata.name.as_str();
+    let drive_ids: Vec<_> = drives.iter().map(|d| d.id).collect();
+    let run = store::runs::insert(&mut tx, caller.workspace_id, name, &metadata.labels, &spec, &drive_ids)
+        .await
+        .map_err(on_constraint("runs_workspace_name_key", || format!("run {name} already exists")))?;
+    tx.commit().await?;
+    Ok((StatusCode::CREATED, Json(to_object(&caller.workspace, run, None))))
+}
+
+/// List runs, newest first: those not yet ended, or all with `all=true`.
+#[utoipa::path(get, path = "/runs", tag = "runs", params(ListParams),
+    responses((status = 200, body = List<Run>)), security(("bearer" = [])))]
+pub async fn list(
+    State(app): State<AppState>,
+    caller: Caller,
+    Params(params): Params<ListParams>,
+) -> Result<Json<List<Run>>, ApiError> {
+    let page = params.page()?;
+    let rows = store::runs::list(&app.db, caller.workspace_id, params.all, page).await?;
+    Ok(Json(List::from_rows(rows, page, |r| r.id, |r| to_object(&caller.workspace, r, None))))
+}
+
+async fn find(app: &AppState, caller: &Caller, name: &str) -> Result<RunRecord, ApiError> {
+    let found = match Name::parse(name) {
+        Ok(n) => store::runs::get(&app.db, caller.workspace_id, n.as_str()).await?,
+        Err(_) => None,
+    };
+    found.ok_or_else(|| ApiError::not_found("run", name))
+}
+
+/// Read a run with its workers.
+#[utoipa::path(get, path = "/runs/{name}", tag = "runs", params(("name" = String, Path)),
+    responses((status = 200, body = Run), (status = 404, body = ErrorBody)), security(("bearer" = [])))]
+pub async fn get(
+    State(app): State<AppState>,
+    caller: Caller,
+    Path(name): Path<String>,
+) -> Result<Json<Run>, ApiError> {
+    let run = find(&app, &caller, &name).await?;
+    let ws = store::workers::for_run(&app.db, run.id).await?;
+    let ws = ws.into_iter().map(|w| workers::to_object(&caller.workspace, w)).collect();
+    Ok(Json(to_object(&caller.workspace, run, Some(ws))))
+}
+
+/// The run's workers, in index order.
+#[utoipa::path(get, path = "/runs/{name}/workers", tag = "runs", params(("name" = String, Path)),
+    responses((status = 200, body = List<Worker>), (status = 404, body = ErrorBody)), security(("bearer" = [])))]
+pub async fn list_workers(
+    State(app): State<AppState>,
+    caller: Caller,
+    Path(name): Path<String>,
+) -> Result<Json<List<Worker>>, ApiError> {
+    let run = find(&app, &caller, &name).await?;
+    let ws = store::workers::for_run(&app.db, run.id).await?;
+    let items = ws.into_iter().map(|w| workers::to_object(&caller.workspace, w)).collect();
+    Ok(Json(List { items, next: None }))
+}
+
+/// Delete a run and stop its workers.
+#[utoipa::path(delete, path = "/runs/{name}", tag = "runs", params(("name" = String, Path)),
+    responses((status = 204, description = "Deleted"), (status = 404, body = ErrorBody)), security(("bearer" = [])))]
+pub async fn delete(
+    State(app): State<AppState>,
+    caller: Caller,
+    Path(name): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    caller.require(Role::Editor, "delete runs")?;
+    let deleted = match Name::parse(&name) {
+        Ok(n) => store::runs::delete(&app.db, caller.workspace_id, n.as_str()).await?,
+        Err(_) => false,
+    };
+    if !deleted {
+        return Err(ApiError::not_found("run", &name));
+    }
+    Ok(StatusCode::NO_CONTENT)
+}

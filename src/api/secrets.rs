@@ -1,0 +1,155 @@
+//! `/secrets`: values go in and are never read back; only their keys are shown.
+
+use std::collections::BTreeMap;
+
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+use uuid::Uuid;
+
+use super::AppState;
+use super::caller::Caller;
+use super::error::{ApiError, ErrorBody, on_constraint};
+use super::extract::{Body, Params};
+use super::list::{List, ListParams};
+use crate::auth::seal;
+use crate::domain::meta::MetaInput;
+use crate::domain::role::Role;
+use crate::domain::task::is_env_name;
+use crate::domain::{Name, Problems};
+use crate::store::{self, secrets::SecretRecord};
+
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new().routes(routes!(list, create)).routes(routes!(get, delete))
+}
+
+const MAX_KEYS: usize = 256;
+const MAX_VALUE: usize = 64 * 1024;
+
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SecretInput {
+    pub metadata: MetaInput,
+    /// Environment variable name → value, given to the workers that reference the secret.
+    pub data: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Secret {
+    pub metadata: SecretMeta,
+    /// The variable names the secret sets; values are never returned.
+    pub keys: Vec<String>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct SecretMeta {
+    pub name: String,
+    pub namespace: String,
+    pub uid: Uuid,
+    pub created_at: DateTime<Utc>,
+}
+
+fn to_object(namespace: &str, r: SecretRecord) -> Secret {
+    Secret {
+        metadata: SecretMeta {
+            name: r.name,
+            namespace: namespace.to_owned(),
+            uid: r.id,
+            created_at: r.created_at,
+        },
+        keys: r.keys,
+    }
+}
+
+/// Create a secret.
+#[utoipa::path(post, path = "/secrets", tag = "secrets", request_body = SecretInput,
+    responses(
+        (status = 201, description = "Created", body = Secret),
+        (status = 409, description = "The name is taken", body = ErrorBody),
+        (status = 422, description = "An invalid value", body = ErrorBody),
+    ),
+    security(("bearer" = [])))]
+pub async fn create(
+    State(app): State<AppState>,
+    caller: Caller,
+    Body(input): Body<SecretInput>,
+) -> Result<(StatusCode, Json<Secret>), ApiError> {
+    caller.require(Role::Editor, "create secrets")?;
+    let mut p = Problems::default();
+    input.metadata.check(&mut p);
+    if input.data.is_empty() || input.data.len() > MAX_KEYS {
+        p.add("data", format!("must hold between 1 and {MAX_KEYS} keys"));
+    }
+    for (k, v) in &input.data {
+        if !is_env_name(k) {
+            p.add(
+                format!("data.{k}"),
+                "is not a variable name: use letters, digits and '_', not starting with a digit",
+            );
+        } else if v.len() > MAX_VALUE || v.contains('\0') {
+            p.add(format!("data.{k}"), format!("value must be at most {MAX_VALUE} bytes, without NUL"));
+        }
+    }
+    p.finish().map_err(ApiError::Invalid)?;
+    let keys: Vec<String> = input.data.keys().cloned().collect();
+    let plain = serde_json::to_vec(&input.data).map_err(anyhow::Error::from)?;
+    let sealed = seal::seal(&app.keys, &plain);
+    let name = input.metadata.name.as_str();
+    let record = store::secrets::insert(&app.db, caller.workspace_id, name, &keys, &sealed)
+        .await
+        .map_err(on_constraint("secrets_workspace_name_key", || format!("secret {name} already exists")))?;
+    Ok((StatusCode::CREATED, Json(to_object(&caller.workspace, record))))
+}
+
+/// List the workspace's secrets (names and keys only).
+#[utoipa::path(get, path = "/secrets", tag = "secrets", params(ListParams),
+    responses((status = 200, body = List<Secret>)), security(("bearer" = [])))]
+pub async fn list(
+    State(app): State<AppState>,
+    caller: Caller,
+    Params(params): Params<ListParams>,
+) -> Result<Json<List<Secret>>, ApiError> {
+    let page = params.page()?;
+    let rows = store::secrets::list(&app.db, caller.workspace_id, page).await?;
+    Ok(Json(List::from_rows(rows, page, |r| r.id, |r| to_object(&caller.workspace, r))))
+}
+
+/// Read a secret's keys.
+#[utoipa::path(get, path = "/secrets/{name}", tag = "secrets", params(("name" = String, Path)),
+    responses((status = 200, body = Secret), (status = 404, body = ErrorBody)), security(("bearer" = [])))]
+pub async fn get(
+    State(app): State<AppState>,
+    caller: Caller,
+    Path(name): Path<String>,
+) -> Result<Json<Secret>, ApiError> {
+    let found = match Name::parse(&name) {
+        Ok(n) => store::secrets::get(&app.db, caller.workspace_id, n.as_str()).await?,
+        Err(_) => None,
+    };
+    let record = found.ok_or_else(|| ApiError::not_found("secret", &name))?;
+    Ok(Json(to_object(&caller.workspace, record)))
+}
+
+/// Delete a secret.
+#[utoipa::path(delete, path = "/secrets/{name}", tag = "secrets", params(("name" = String, Path)),
+    responses((status = 204, description = "Deleted"), (status = 404, body = ErrorBody)), security(("bearer" = [])))]
+pub async fn delete(
+    State(app): State<AppState>,
+    caller: Caller,
+    Path(name): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    caller.require(Role::Editor, "delete secrets")?;
+    let deleted = match Name::parse(&name) {
+        Ok(n) => store::secrets::delete(&app.db, caller.workspace_id, n.as_str()).await?,
+        Err(_) => false,
+    };
+    if !deleted {
+        return Err(ApiError::not_found("secret", &name));
+    }
+    Ok(StatusCode::NO_CONTENT)
+}

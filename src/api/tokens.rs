@@ -1,0 +1,129 @@
+//! `/tokens`: a workspace admin creates, lists and revokes the workspace's tokens.
+
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use chrono::{DateTime, Duration, Utc};
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+use uuid::Uuid;
+
+use super::AppState;
+use super::caller::Caller;
+use super::error::{ApiError, ErrorBody};
+use super::extract::Body;
+use super::list::List;
+use crate::auth::issue;
+use crate::domain::Name;
+use crate::domain::role::Role;
+use crate::store::{self, tokens::TokenRecord, workspaces::Workspace};
+
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new().routes(routes!(list, create)).routes(routes!(revoke))
+}
+
+const DEFAULT_TTL_SECONDS: i64 = 30 * 24 * 3600;
+const MAX_TTL_SECONDS: i64 = 365 * 24 * 3600;
+
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TokenInput {
+    /// What the token is for, e.g. `ci`.
+    pub name: Name,
+    pub role: Role,
+    /// Only an organisation admin may mint organisation-admin tokens.
+    #[serde(default)]
+    pub org_admin: bool,
+    /// Lifetime in seconds (default 30 days, at most a year).
+    #[schema(minimum = 1, maximum = 31536000)]
+    pub ttl_seconds: Option<i64>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Token {
+    pub id: Uuid,
+    pub name: String,
+    pub role: String,
+    pub org_admin: bool,
+    pub created_at: DateTime<Utc>,
+    pub expires_at: DateTime<Utc>,
+    pub revoked_at: Option<DateTime<Utc>>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct CreatedToken {
+    #[serde(flatten)]
+    pub info: Token,
+    /// The bearer token itself. Shown once: it is not stored.
+    pub token: String,
+}
+
+impl From<TokenRecord> for Token {
+    fn from(r: TokenRecord) -> Token {
+        Token {
+            id: r.id,
+            name: r.name,
+            role: r.role,
+            org_admin: r.org_admin,
+            created_at: r.created_at,
+            expires_at: r.expires_at,
+            revoked_at: r.revoked_at,
+        }
+    }
+}
+
+/// Create a token for this workspace. The answer holds the token once.
+#[utoipa::path(post, path = "/tokens", tag = "tokens", request_body = TokenInput,
+    responses((status = 201, body = CreatedToken), (status = 422, body = ErrorBody)), security(("bearer" = [])))]
+pub async fn create(
+    State(app): State<AppState>,
+    caller: Caller,
+    Body(input): Body<TokenInput>,
+) -> Result<(StatusCode, Json<CreatedToken>), ApiError> {
+    caller.require(Role::Admin, "manage tokens")?;
+    if input.org_admin {
+        caller.require_org_admin("mint organisation-admin tokens")?;
+    }
+    let seconds = input.ttl_seconds.unwrap_or(DEFAULT_TTL_SECONDS);
+    if !(1..=MAX_TTL_SECONDS).contains(&seconds) {
+        return Err(ApiError::invalid("ttl_seconds", format!("must be between 1 and {MAX_TTL_SECONDS}")));
+    }
+    let workspace =
+        Workspace { id: caller.workspace_id, name: caller.workspace.clone(), created_at: Utc::now() };
+    let request = issue::Request {
+        workspace: &workspace,
+        name: input.name.as_str(),
+        role: input.role,
+        org_admin: input.org_admin,
+        ttl: Duration::seconds(seconds),
+    };
+    let (record, token) = issue::issue(&app.db, &app.keys, &request).await?;
+    Ok((StatusCode::CREATED, Json(CreatedToken { info: record.into(), token })))
+}
+
+/// List the workspace's tokens (never the tokens themselves).
+#[utoipa::path(get, path = "/tokens", tag = "tokens",
+    responses((status = 200, body = List<Token>)), security(("bearer" = [])))]
+pub async fn list(State(app): State<AppState>, caller: Caller) -> Result<Json<List<Token>>, ApiError> {
+    caller.require(Role::Admin, "manage tokens")?;
+    let rows = store::tokens::list(&app.db, caller.workspace_id).await?;
+    Ok(Json(List { items: rows.into_iter().map(Token::from).collect(), next: None }))
+}
+
+/// Revoke a token. It stops working on its next request.
+#[utoipa::path(delete, path = "/tokens/{id}", tag = "tokens", params(("id" = String, Path)),
+    responses((status = 200, body = Token), (status = 404, body = ErrorBody)), security(("bearer" = [])))]
+pub async fn revoke(
+    State(app): State<AppState>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> Result<Json<Token>, ApiError> {
+    caller.require(Role::Admin, "manage tokens")?;
+    let found = match Uuid::parse_str(&id) {
+        Ok(id) => store::tokens::revoke(&app.db, caller.workspace_id, id).await?,
+        Err(_) => None,
+    };
+    found.map(|r| Json(r.into())).ok_or_else(|| ApiError::not_found("token", &id))
+}

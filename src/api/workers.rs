@@ -1,0 +1,98 @@
+//! Workers: `<run>-<index>`, readable alone or under their run.
+
+use axum::Json;
+use axum::extract::{Path, State};
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use utoipa::ToSchema;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+use uuid::Uuid;
+
+use super::AppState;
+use super::caller::Caller;
+use super::error::{ApiError, ErrorBody};
+use crate::domain::run::WorkerState;
+use crate::store::{self, workers::WorkerRecord};
+
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new().routes(routes!(get))
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Worker {
+    pub metadata: WorkerMeta,
+    pub status: WorkerStatus,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct WorkerMeta {
+    /// `<run>-<index>`.
+    pub name: String,
+    pub namespace: String,
+    pub uid: Uuid,
+    pub run: String,
+    pub index: i32,
+    pub created_at: DateTime<Utc>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct WorkerStatus {
+    pub state: WorkerState,
+    pub reason: String,
+    /// The machine the worker was placed on.
+    pub machine: Option<String>,
+    pub exit_code: Option<i32>,
+    pub started_at: Option<DateTime<Utc>>,
+    pub finished_at: Option<DateTime<Utc>>,
+}
+
+/// A worker as other objects list it.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct WorkerRef {
+    pub name: String,
+    pub run: String,
+    pub state: WorkerState,
+    pub machine: Option<String>,
+}
+
+impl From<WorkerRecord> for WorkerRef {
+    fn from(w: WorkerRecord) -> WorkerRef {
+        WorkerRef { name: w.name, run: w.run_name, state: w.state, machine: w.machine }
+    }
+}
+
+pub fn to_object(namespace: &str, w: WorkerRecord) -> Worker {
+    Worker {
+        metadata: WorkerMeta {
+            name: w.name,
+            namespace: namespace.to_owned(),
+            uid: w.id,
+            run: w.run_name,
+            index: w.index,
+            created_at: w.created_at,
+        },
+        status: WorkerStatus {
+            state: w.state,
+            reason: w.reason,
+            machine: w.machine,
+            exit_code: w.exit_code,
+            started_at: w.started_at,
+            finished_at: w.finished_at,
+        },
+    }
+}
+
+/// Read one worker.
+#[utoipa::path(get, path = "/workers/{name}", tag = "runs", params(("name" = String, Path, description = "`<run>-<index>`")),
+    responses((status = 200, body = Worker), (status = 404, body = ErrorBody)), security(("bearer" = [])))]
+pub async fn get(
+    State(app): State<AppState>,
+    caller: Caller,
+    Path(name): Path<String>,
+) -> Result<Json<Worker>, ApiError> {
+    let worker = store::workers::get(&app.db, caller.workspace_id, &name)
+        .await?
+        .ok_or_else(|| ApiError::not_found("worker", &name))?;
+    Ok(Json(to_object(&caller.workspace, worker)))
+}

@@ -1,0 +1,9 @@
+//! Credentials: the server's signing key, bearer tokens (JWT, EdDSA) and sealed secrets.
+
+pub mod issue;
+pub mod keys;
+pub mod seal;
+pub mod token;
+
+pub use keys::Keys;
+pub use token::{Claims, TokenError};

@@ -1,0 +1,14 @@
+//! Validated types and pure rules: names, paths, drive and run specs. No I/O.
+
+pub mod drive;
+pub mod field;
+pub mod meta;
+pub mod name;
+pub mod path;
+pub mod quantity;
+pub mod role;
+pub mod run;
+pub mod task;
+
+pub use field::{FieldError, Problems};
+pub use name::Name;

@@ -1,0 +1,122 @@
+//! Runs and their workers: the spec users submit, and the states they move through.
+
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use super::drive::default_cluster;
+use super::task::TaskTemplate;
+use super::{Name, Problems};
+
+const MAX_REPLICAS: u32 = 1000;
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RunSpec {
+    #[serde(default = "default_cluster")]
+    pub cluster: Name,
+    /// How many workers (`<run>-0` …) run the task.
+    #[serde(default = "one")]
+    #[schema(minimum = 1, maximum = 1000, default = 1)]
+    pub replicas: u32,
+    pub task_template: TaskTemplate,
+}
+
+fn one() -> u32 {
+    1
+}
+
+impl RunSpec {
+    pub fn check(&self, p: &mut Problems) {
+        if self.replicas == 0 || self.replicas > MAX_REPLICAS {
+            p.add("spec.replicas", format!("must be between 1 and {MAX_REPLICAS}"));
+        }
+        self.task_template.check("spec.task_template", p);
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema, sqlx::Type)]
+#[sqlx(type_name = "text")]
+pub enum WorkerState {
+    Pending,
+    Preparing,
+    Running,
+    Completed,
+    Failed,
+}
+
+impl WorkerState {
+    pub fn is_terminal(self) -> bool {
+        matches!(self, WorkerState::Completed | WorkerState::Failed)
+    }
+
+    /// Holds a machine's resources or waits on it: what "a live worker" means.
+    pub fn is_live(self) -> bool {
+        matches!(self, WorkerState::Preparing | WorkerState::Running)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema, sqlx::Type)]
+#[sqlx(type_name = "text")]
+pub enum RunState {
+    Pending,
+    Running,
+    Completed,
+    Failed,
+}
+
+impl RunState {
+    pub fn is_terminal(self) -> bool {
+        matches!(self, RunState::Completed | RunState::Failed)
+    }
+}
+
+/// A run's state and reason from its workers' states, in the recipe's words.
+/// `failure` is the first failed worker's name and reason, if any.
+pub fn summarize(states: &[WorkerState], failure: Option<(&str, &str)>) -> (RunState, String) {
+    let total = states.len();
+    let count = |s: WorkerState| states.iter().filter(|&&w| w == s).count();
+    let (running, completed, failed) =
+        (count(WorkerState::Running), count(WorkerState::Completed), count(WorkerState::Failed));
+    if failed > 0 {
+        let why = failure.map(|(w, r)| format!("worker {w} failed: {r}")).unwrap_or_default();
+        return (RunState::Failed, why);
+    }
+    if total > 0 && completed == total {
+        return (RunState::Completed, "All workers completed".into());
+    }
+    if running > 0 {
+        return (RunState::Running, format!("{running} of {total} workers running"));
+    }
+    if completed > 0 {
+        return (RunState::Running, format!("{completed} of {total} workers completed"));
+    }
+    (RunState::Pending, "Waiting for workers to start".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::WorkerState::*;
+    use super::*;
+
+    #[test]
+    fn run_state_reads_like_the_recipe() {
+        let cases: [(&[WorkerState], RunState, &str); 6] = [
+            (&[Pending], RunState::Pending, "Waiting for workers to start"),
+            (&[Preparing], RunState::Pending, "Waiting for workers to start"),
+            (&[Running], RunState::Running, "1 of 1 workers running"),
+            (&[Running, Pending, Completed], RunState::Running, "1 of 3 workers running"),
+            (&[Completed], RunState::Completed, "All workers completed"),
+            (&[Completed, Pending], RunState::Running, "1 of 2 workers completed"),
+        ];
+        for (states, state, reason) in cases {
+            assert_eq!(summarize(states, None), (state, reason.to_string()), "{states:?}");
+        }
+    }
+
+    #[test]
+    fn one_failed_worker_fails_the_run_and_says_why() {
+        let (state, reason) = summarize(&[Completed, Failed], Some(("r-1", "exited with code 3")));
+        assert_eq!(state, RunState::Failed);
+        assert_eq!(reason, "worker r-1 failed: exited with code 3");
+    }
+}

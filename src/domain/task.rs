@@ -1,0 +1,272 @@
+//! A task template: what a worker runs, with what resources, mounting which drives.
+
+use std::collections::{BTreeMap, HashSet};
+
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use super::path::{MountPath, SubPath};
+use super::quantity::CpuCores;
+use super::{Name, Problems};
+
+const MAX_TEXT: usize = 4096;
+const MAX_ARG: usize = 128 * 1024;
+const MAX_ARGS: usize = 1024;
+const MAX_ENV: usize = 1024;
+const MAX_REFS: usize = 64;
+/// Thirty days.
+const MAX_TIME_LIMIT: u64 = 30 * 24 * 3600;
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TaskTemplate {
+    /// Recorded and shown; workers run in the machine's sandbox.
+    #[schema(example = "busybox:1.36")]
+    pub image: String,
+    #[schema(example = "sh")]
+    pub command: String,
+    #[serde(default)]
+    pub args: Vec<String>,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    #[serde(default)]
+    pub restart_policy: RestartPolicy,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1, maximum = 2592000)]
+    pub time_limit_seconds: Option<u64>,
+    pub requested_resources: Resources,
+    #[serde(default)]
+    pub datavolume_refs: Vec<DataVolumeRef>,
+    #[serde(default)]
+    pub secret_refs: Vec<SecretRef>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub enum RestartPolicy {
+    #[default]
+    Never,
+    OnFailure,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Resources {
+    pub cpu_cores: CpuCores,
+    #[schema(minimum = 1, example = 268435456)]
+    pub memory_bytes: u64,
+    #[serde(default)]
+    pub gpus: u32,
+    #[serde(default)]
+    pub node_selection: NodeSelection,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NodeSelection {
+    #[serde(default)]
+    pub mode: SelectionMode,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub names: Vec<Name>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub enum SelectionMode {
+    /// Any machine of the cluster.
+    #[default]
+    Any,
+    /// One of `names`.
+    Exact,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub enum Mode {
+    #[default]
+    ReadOnly,
+    ReadWrite,
+}
+
+/// A drive mounted into a worker.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DataVolumeRef {
+    pub name: Name,
+    /// Defaults to the drive's own `mount_path`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mount_path: Option<MountPath>,
+    /// Defaults to the drive's own `mode`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<Mode>,
+    /// One folder of the drive instead of all of it.
+    #[serde(default, skip_serializing_if = "SubPath::is_empty")]
+    pub sub_path: SubPath,
+}
+
+/// A secret whose keys become environment variables of the worker.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SecretRef {
+    pub name: Name,
+}
+
+/// Whether `s` can name an environment variable.
+pub fn is_env_name(s: &str) -> bool {
+    let mut bytes = s.bytes();
+    matches!(bytes.next(), Some(b) if b == b'_' || b.is_ascii_alphabetic())
+        && bytes.all(|b| b == b'_' || b.is_ascii_alphanumeric())
+        && s.len() <= 256
+}
+
+fn check_text(p: &mut Problems, path: &str, value: &str, max: usize, required: bool) {
+    if required && value.trim().is_empty() {
+        p.add(path, "must not be empty");
+    } else if value.len() > max {
+        p.add(path, format!("is longer than {max} bytes"));
+    } else if value.contains('\0') {
+        p.add(path, "must not contain a NUL byte");
+    }
+}
+
+impl TaskTemplate {
+    /// Rules serde cannot express, reported against `at` (e.g. `spec.task_template`).
+    pub fn check(&self, at: &str, p: &mut Problems) {
+        check_text(p, &format!("{at}.image"), &self.image, 512, true);
+        if self.image.chars().any(char::is_whitespace) {
+            p.add(format!("{at}.image"), "must not contain whitespace");
+        }
+        check_text(p, &format!("{at}.command"), &self.command, MAX_TEXT, true);
+        if self.args.len() > MAX_ARGS {
+            p.add(format!("{at}.args"), format!("has more than {MAX_ARGS} arguments"));
+        }
+        for (i, arg) in self.args.iter().enumerate() {
+            check_text(p, &format!("{at}.args[{i}]"), arg, MAX_ARG, false);
+        }
+        if self.env.len() > MAX_ENV {
+            p.add(format!("{at}.env"), format!("has more than {MAX_ENV} variables"));
+        }
+        for (name, value) in &self.env {
+            if !is_env_name(name) {
+                p.add(
+                    format!("{at}.env.{name}"),
+                    "is not a variable name: use letters, digits and '_', not starting with a digit",
+                );
+            }
+            check_text(p, &format!("{at}.env.{name}"), value, MAX_ARG, false);
+        }
+        if let Some(t) = self.time_limit_seconds {
+            if t == 0 || t > MAX_TIME_LIMIT {
+                p.add(
+                    format!("{at}.time_limit_seconds"),
+                    format!("must be between 1 and {MAX_TIME_LIMIT} (30 days)"),
+                );
+            }
+        }
+        self.requested_resources.check(&format!("{at}.requested_resources"), p);
+        if self.datavolume_refs.len() > MAX_REFS {
+            p.add(format!("{at}.datavolume_refs"), format!("has more than {MAX_REFS} drives"));
+        }
+        let mut mounts = HashSet::new();
+        for (i, r) in self.datavolume_refs.iter().enumerate() {
+            if let Some(m) = &r.mount_path {
+                if !mounts.insert(m.as_str()) {
+                    p.add(
+                        format!("{at}.datavolume_refs[{i}].mount_path"),
+                        format!("{m} is already used by another drive of this task"),
+                    );
+                }
+            }
+        }
+        let mut secrets = HashSet::new();
+        for (i, s) in self.secret_refs.iter().enumerate() {
+            if !secrets.insert(&s.name) {
+                p.add(format!("{at}.secret_refs[{i}].name"), format!("{} is listed twice", s.name));
+            }
+        }
+    }
+}
+
+impl Resources {
+    fn check(&self, at: &str, p: &mut Problems) {
+        if self.memory_bytes == 0 {
+            p.add(format!("{at}.memory_bytes"), "must be more than 0");
+        }
+        if self.gpus > 1024 {
+            p.add(format!("{at}.gpus"), "must be at most 1024");
+        }
+        let sel = &self.node_selection;
+        match sel.mode {
+            SelectionMode::Any if !sel.names.is_empty() => {
+                p.add(format!("{at}.node_selection.names"), "names are only used with mode Exact");
+            }
+            SelectionMode::Exact if sel.names.is_empty() => {
+                p.add(format!("{at}.node_selection.names"), "mode Exact needs at least one machine name");
+            }
+            _ => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn template(json: serde_json::Value) -> TaskTemplate {
+        serde_json::from_value(json).unwrap()
+    }
+
+    fn problems(t: &TaskTemplate) -> Vec<(String, String)> {
+        let mut p = Problems::default();
+        t.check("t", &mut p);
+        p.finish().err().unwrap_or_default().into_iter().map(|e| (e.path, e.message)).collect()
+    }
+
+    fn base() -> serde_json::Value {
+        serde_json::json!({
+            "image": "busybox:1.36", "command": "sh",
+            "requested_resources": {"cpu_cores": 1, "memory_bytes": 268435456}
+        })
+    }
+
+    #[test]
+    fn a_minimal_template_passes() {
+        assert!(problems(&template(base())).is_empty());
+    }
+
+    #[test]
+    fn each_rule_names_its_field() {
+        let cases = [
+            ("image", serde_json::json!(""), "t.image"),
+            ("image", serde_json::json!("busy box"), "t.image"),
+            ("command", serde_json::json!("  "), "t.command"),
+            ("env", serde_json::json!({"1BAD": "x"}), "t.env.1BAD"),
+            ("time_limit_seconds", serde_json::json!(0), "t.time_limit_seconds"),
+            (
+                "datavolume_refs",
+                serde_json::json!([{"name": "a", "mount_path": "/d"}, {"name": "b", "mount_path": "/d"}]),
+                "t.datavolume_refs[1].mount_path",
+            ),
+            ("secret_refs", serde_json::json!([{"name": "s"}, {"name": "s"}]), "t.secret_refs[1].name"),
+        ];
+        for (field, value, path) in cases {
+            let mut json = base();
+            json[field] = value;
+            let found = problems(&template(json));
+            assert!(found.iter().any(|(p, _)| p == path), "{field}: {found:?}");
+        }
+    }
+
+    #[test]
+    fn exact_selection_needs_names_and_any_takes_none() {
+        let mut json = base();
+        json["requested_resources"]["node_selection"] = serde_json::json!({"mode": "Exact"});
+        assert_eq!(problems(&template(json.clone()))[0].0, "t.requested_resources.node_selection.names");
+        json["requested_resources"]["node_selection"] =
+            serde_json::json!({"mode": "Any", "names": ["gpu-01"]});
+        assert_eq!(problems(&template(json))[0].0, "t.requested_resources.node_selection.names");
+    }
+
+    #[test]
+    fn env_names_follow_the_shell() {
+        assert!(is_env_name("HF_HOME") && is_env_name("_x1"));
+        assert!(!is_env_name("1X") && !is_env_name("A-B") && !is_env_name(""));
+    }
+}

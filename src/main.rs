@@ -1,0 +1,24 @@
+use anyhow::Context;
+use clap::Parser;
+
+use astraeus::settings::{Cli, Command};
+use astraeus::{admin, api, server, telemetry};
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    telemetry::init(cli.log_format);
+    match cli.command {
+        Command::Serve(args) => server::serve(args).await,
+        Command::Admin(command) => admin::run(command).await,
+        Command::Openapi { out } => {
+            let json = api::openapi().to_pretty_json().context("cannot render the OpenAPI document")? + "\n";
+            match out {
+                Some(path) => {
+                    std::fs::write(&path, json).with_context(|| format!("cannot write {}", path.display()))
+                }
+                None => Ok(print!("{json}")),
+            }
+        }
+    }
+}

@@ -1,0 +1,38 @@
+//! Postgres access: one file per table; each query takes an executor and returns domain types.
+
+pub mod clusters;
+pub mod drives;
+pub mod grants;
+pub mod runs;
+pub mod secrets;
+pub mod tokens;
+pub mod workers;
+pub mod workspaces;
+
+use std::time::Duration;
+
+use anyhow::Context;
+use sqlx::PgPool;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+
+pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
+
+/// Opens a pool and brings the schema up to date.
+pub async fn connect(url: &str, max_connections: u32) -> anyhow::Result<PgPool> {
+    let options: PgConnectOptions = url.parse().context("DATABASE_URL is not a valid Postgres URL")?;
+    let pool = PgPoolOptions::new()
+        .max_connections(max_connections)
+        .acquire_timeout(Duration::from_secs(5))
+        .connect_with(options.application_name("astraeus"))
+        .await
+        .context("cannot connect to Postgres (check DATABASE_URL)")?;
+    MIGRATOR.run(&pool).await.context("cannot apply database migrations")?;
+    Ok(pool)
+}
+
+/// Keyset pagination over time-ordered ids (UUIDv7): newest first.
+#[derive(Debug, Clone, Copy)]
+pub struct Page {
+    pub limit: i64,
+    pub before: Option<uuid::Uuid>,
+}

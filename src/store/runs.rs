@@ -1,0 +1,107 @@
+//! The `runs` and `run_mounts` tables. A run is written with its workers in one transaction.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+use sqlx::types::Json;
+use sqlx::{PgConnection, PgExecutor};
+use uuid::Uuid;
+
+use super::Page;
+use crate::domain::run::{RunSpec, RunState};
+
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct RunRecord {
+    pub id: Uuid,
+    pub workspace_id: Uuid,
+    pub name: String,
+    pub labels: Json<BTreeMap<String, String>>,
+    pub spec: Json<RunSpec>,
+    pub state: RunState,
+    pub reason: String,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+}
+
+const COLUMNS: &str = "id, workspace_id, name, labels, spec, state, reason, created_at, updated_at";
+
+/// Writes the run, its `replicas` workers (`<run>-<i>`, Pending) and the drives it mounts.
+pub async fn insert(
+    tx: &mut PgConnection,
+    workspace: Uuid,
+    name: &str,
+    labels: &BTreeMap<String, String>,
+    spec: &RunSpec,
+    drive_ids: &[Uuid],
+) -> sqlx::Result<RunRecord> {
+    let run: RunRecord = sqlx::query_as(&format!(
+        "INSERT INTO runs (id, workspace_id, name, cluster, labels, spec)
+         VALUES ($1, $2, $3, $4, $5, $6) RETURNING {COLUMNS}"
+    ))
+    .bind(Uuid::now_v7())
+    .bind(workspace)
+    .bind(name)
+    .bind(spec.cluster.as_str())
+    .bind(Json(labels))
+    .bind(Json(spec))
+    .fetch_one(&mut *tx)
+    .await?;
+    let indexes: Vec<i32> = (0..spec.replicas as i32).collect();
+    let ids: Vec<Uuid> = indexes.iter().map(|_| Uuid::now_v7()).collect();
+    sqlx::query(
+        "INSERT INTO workers (id, run_id, workspace_id, name, index)
+         SELECT w.id, $2, $3, $4 || '-' || w.index, w.index FROM unnest($1::uuid[], $5::int[]) AS w(id, index)",
+    )
+    .bind(&ids)
+    .bind(run.id)
+    .bind(workspace)
+    .bind(name)
+    .bind(&indexes)
+    .execute(&mut *tx)
+    .await?;
+    sqlx::query("INSERT INTO run_mounts (run_id, drive_id) SELECT $1, unnest($2::uuid[])")
+        .bind(run.id)
+        .bind(drive_ids)
+        .execute(&mut *tx)
+        .await?;
+    Ok(run)
+}
+
+pub async fn get(db: impl PgExecutor<'_>, workspace: Uuid, name: &str) -> sqlx::Result<Option<RunRecord>> {
+    sqlx::query_as(&format!("SELECT {COLUMNS} FROM runs WHERE workspace_id = $1 AND name = $2"))
+        .bind(workspace)
+        .bind(name)
+        .fetch_optional(db)
+        .await
+}
+
+/// Newest first; terminal runs only when `all`.
+pub async fn list(
+    db: impl PgExecutor<'_>,
+    workspace: Uuid,
+    all: bool,
+    page: Page,
+) -> sqlx::Result<Vec<RunRecord>> {
+    sqlx::query_as(&format!(
+        "SELECT {COLUMNS} FROM runs
+         WHERE workspace_id = $1 AND ($2 OR state NOT IN ('Completed', 'Failed'))
+           AND ($3::uuid IS NULL OR id < $3)
+         ORDER BY id DESC LIMIT $4"
+    ))
+    .bind(workspace)
+    .bind(all)
+    .bind(page.before)
+    .bind(page.limit)
+    .fetch_all(db)
+    .await
+}
+
+/// Deletes the run and, by cascade, its workers; false when there was no such run.
+pub async fn delete(db: impl PgExecutor<'_>, workspace: Uuid, name: &str) -> sqlx::Result<bool> {
+    let done = sqlx::query("DELETE FROM runs WHERE workspace_id = $1 AND name = $2")
+        .bind(workspace)
+        .bind(name)
+        .execute(db)
+        .await?;
+    Ok(done.rows_affected() == 1)
+}

@@ -1,0 +1,79 @@
+//! The `secrets` table. Values are stored sealed; only key names are ever read back to users.
+
+use chrono::{DateTime, Utc};
+use sqlx::PgExecutor;
+use uuid::Uuid;
+
+use super::Page;
+
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct SecretRecord {
+    pub id: Uuid,
+    pub name: String,
+    pub keys: Vec<String>,
+    pub created_at: DateTime<Utc>,
+}
+
+const COLUMNS: &str = "id, name, keys, created_at";
+
+pub async fn insert(
+    db: impl PgExecutor<'_>,
+    workspace: Uuid,
+    name: &str,
+    keys: &[String],
+    sealed: &[u8],
+) -> sqlx::Result<SecretRecord> {
+    sqlx::query_as(&format!(
+        "INSERT INTO secrets (id, workspace_id, name, keys, sealed) VALUES ($1, $2, $3, $4, $5)
+         RETURNING {COLUMNS}"
+    ))
+    .bind(Uuid::now_v7())
+    .bind(workspace)
+    .bind(name)
+    .bind(keys)
+    .bind(sealed)
+    .fetch_one(db)
+    .await
+}
+
+pub async fn get(db: impl PgExecutor<'_>, workspace: Uuid, name: &str) -> sqlx::Result<Option<SecretRecord>> {
+    sqlx::query_as(&format!("SELECT {COLUMNS} FROM secrets WHERE workspace_id = $1 AND name = $2"))
+        .bind(workspace)
+        .bind(name)
+        .fetch_optional(db)
+        .await
+}
+
+pub async fn list(db: impl PgExecutor<'_>, workspace: Uuid, page: Page) -> sqlx::Result<Vec<SecretRecord>> {
+    sqlx::query_as(&format!(
+        "SELECT {COLUMNS} FROM secrets WHERE workspace_id = $1 AND ($2::uuid IS NULL OR id < $2)
+         ORDER BY id DESC LIMIT $3"
+    ))
+    .bind(workspace)
+    .bind(page.before)
+    .bind(page.limit)
+    .fetch_all(db)
+    .await
+}
+
+/// Names of the given secrets that exist in the workspace.
+pub async fn existing(
+    db: impl PgExecutor<'_>,
+    workspace: Uuid,
+    names: &[String],
+) -> sqlx::Result<Vec<String>> {
+    sqlx::query_scalar("SELECT name FROM secrets WHERE workspace_id = $1 AND name = ANY($2)")
+        .bind(workspace)
+        .bind(names)
+        .fetch_all(db)
+        .await
+}
+
+pub async fn delete(db: impl PgExecutor<'_>, workspace: Uuid, name: &str) -> sqlx::Result<bool> {
+    let done = sqlx::query("DELETE FROM secrets WHERE workspace_id = $1 AND name = $2")
+        .bind(workspace)
+        .bind(name)
+        .execute(db)
+        .await?;
+    Ok(done.rows_affected() == 1)
+}

@@ -1,0 +1,177 @@
+//! `spawn_app`: the real router on a real socket over the test's own database, and one
+//! helper per endpoint.
+
+#![allow(dead_code)]
+
+use std::sync::Arc;
+
+use astraeus::api::{self, AppState};
+use astraeus::auth::{Keys, issue};
+use astraeus::domain::role::Role;
+use astraeus::store;
+use chrono::Duration;
+use reqwest::{Method, StatusCode};
+use serde_json::Value;
+use sqlx::PgPool;
+
+pub use serde_json::json;
+
+pub struct TestApp {
+    pub address: String,
+    pub api: String,
+    pub db: PgPool,
+    pub keys: Arc<Keys>,
+    pub client: reqwest::Client,
+    /// An editor token of workspace `default`.
+    pub token: String,
+}
+
+/// A response, read whole.
+#[derive(Debug)]
+pub struct Reply {
+    pub status: StatusCode,
+    pub text: String,
+}
+
+impl Reply {
+    pub fn json(&self) -> Value {
+        serde_json::from_str(&self.text).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.text))
+    }
+
+    /// `error.message` of an error body.
+    pub fn message(&self) -> String {
+        self.json()["error"]["message"].as_str().unwrap_or_default().to_owned()
+    }
+
+    /// `(path, message)` of each entry of `error.fields`.
+    pub fn fields(&self) -> Vec<(String, String)> {
+        self.json()["error"]["fields"]
+            .as_array()
+            .map(|fs| {
+                fs.iter()
+                    .map(|f| {
+                        (f["path"].as_str().unwrap().to_owned(), f["message"].as_str().unwrap().to_owned())
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+}
+
+pub async fn spawn_app(db: PgPool) -> TestApp {
+    let keys = Arc::new(Keys::from_pem(&Keys::generate_pem().unwrap()).unwrap());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = format!("http://{}", listener.local_addr().unwrap());
+    let router = api::router(AppState { db: db.clone(), keys: keys.clone() });
+    tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
+    let mut app = TestApp {
+        api: format!("{address}/api/v1"),
+        address,
+        db,
+        keys,
+        client: reqwest::Client::new(),
+        token: String::new(),
+    };
+    app.token = app.token_for("default", Role::Editor, false).await;
+    app
+}
+
+impl TestApp {
+    /// A new token of `workspace` (created when missing).
+    pub async fn token_for(&self, workspace: &str, role: Role, org_admin: bool) -> String {
+        self.token_with_ttl(workspace, role, org_admin, Duration::hours(1)).await
+    }
+
+    pub async fn token_with_ttl(
+        &self,
+        workspace: &str,
+        role: Role,
+        org_admin: bool,
+        ttl: Duration,
+    ) -> String {
+        let ws = store::workspaces::ensure(&self.db, workspace).await.unwrap();
+        let request = issue::Request { workspace: &ws, name: "test", role, org_admin, ttl };
+        issue::issue(&self.db, &self.keys, &request).await.unwrap().1
+    }
+
+    /// Any request; `body` is sent as JSON when given. `token: None` sends no Authorization.
+    pub async fn request(
+        &self,
+        method: Method,
+        path: &str,
+        token: Option<&str>,
+        body: Option<&Value>,
+    ) -> Reply {
+        let mut req = self.client.request(method, format!("{}{path}", self.api));
+        if let Some(t) = token {
+            req = req.bearer_auth(t);
+        }
+        if let Some(b) = body {
+            req = req.json(b);
+        }
+        let resp = req.send().await.expect("the server answers");
+        let status = resp.status();
+        Reply { status, text: resp.text().await.unwrap() }
+    }
+
+    /// A raw body with a content type, for malformed input.
+    pub async fn post_raw(&self, path: &str, content_type: &str, body: impl Into<reqwest::Body>) -> Reply {
+        let resp = self
+            .client
+            .post(format!("{}{path}", self.api))
+            .bearer_auth(&self.token)
+            .header("content-type", content_type)
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        let status = resp.status();
+        Reply { status, text: resp.text().await.unwrap() }
+    }
+
+    pub async fn get(&self, path: &str) -> Reply {
+        self.request(Method::GET, path, Some(&self.token), None).await
+    }
+
+    pub async fn post(&self, path: &str, body: &Value) -> Reply {
+        self.request(Method::POST, path, Some(&self.token), Some(body)).await
+    }
+
+    pub async fn delete(&self, path: &str) -> Reply {
+        self.request(Method::DELETE, path, Some(&self.token), None).await
+    }
+
+    pub async fn create_drive(&self, body: &Value) -> Reply {
+        self.post("/drives", body).await
+    }
+
+    pub async fn get_drive(&self, name: &str) -> Reply {
+        self.get(&format!("/drives/{name}")).await
+    }
+
+    pub async fn create_run(&self, body: &Value) -> Reply {
+        self.post("/runs", body).await
+    }
+
+    pub async fn get_run(&self, name: &str) -> Reply {
+        self.get(&format!("/runs/{name}")).await
+    }
+
+    /// Grants `path` to `workspace` on cluster `main`, as an organisation admin would.
+    pub async fn grant(&self, workspace: &str, path: &str) {
+        let ws = store::workspaces::ensure(&self.db, workspace).await.unwrap();
+        let mut tx = self.db.begin().await.unwrap();
+        store::grants::replace(&mut tx, ws.id, "main", &[path.to_owned()]).await.unwrap();
+        tx.commit().await.unwrap();
+    }
+}
+
+/// The recipe's drive.json, as written.
+pub fn recipe_drive() -> Value {
+    serde_json::from_str(include_str!("../../examples/drive.json")).unwrap()
+}
+
+/// The recipe's inspect.json, as written.
+pub fn recipe_run() -> Value {
+    serde_json::from_str(include_str!("../../examples/inspect.json")).unwrap()
+}

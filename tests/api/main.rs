@@ -1,0 +1,10 @@
+//! API tests: each test gets a fresh database (`#[sqlx::test]`) and a server on port 0.
+
+mod helpers;
+
+mod auth;
+mod drives;
+mod openapi;
+mod roles;
+mod runs;
+mod secrets;

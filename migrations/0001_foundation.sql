@@ -89,7 +89,6 @@ CREATE TABLE workers (
     index         integer NOT NULL,
     state         text NOT NULL DEFAULT 'Pending',
     reason        text NOT NULL DEFAULT 'Waiting for a machine',
-    machine       text,
     exit_code     integer,
     created_at    timestamptz NOT NULL DEFAULT now(),
     started_at    timestamptz,

@@ -2,12 +2,24 @@
 
 /// Administration from the command line: signing keys and first tokens.
 pub mod admin;
+/// The agent that runs on each machine.
+pub mod agent;
 /// The HTTP API (axum).
 pub mod api;
 /// Signing keys, bearer tokens and sealed secrets.
 pub mod auth;
+/// Control loops: liveness (and, with the scheduler, placement).
+pub mod controllers;
+/// `astraeus dev`: a private Postgres, the server and local agents in one process tree.
+pub mod dev;
 /// Validated types and pure rules, without I/O.
 pub mod domain;
+/// Wake-ups across replicas (LISTEN/NOTIFY) for the tasks waiting in this process.
+pub mod hub;
+/// What agents and the server send each other.
+pub mod protocol;
+/// Placing workers on machines.
+pub mod scheduler;
 /// Starting the server and stopping it cleanly.
 pub mod server;
 /// Command-line flags and their environment fallbacks: the one typed configuration.

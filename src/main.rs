@@ -2,7 +2,7 @@ use anyhow::Context;
 use clap::Parser;
 
 use astraeus::settings::{Cli, Command};
-use astraeus::{admin, api, server, telemetry};
+use astraeus::{admin, agent, api, dev, server, telemetry};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
@@ -11,6 +11,19 @@ async fn main() -> anyhow::Result<()> {
     match cli.command {
         Command::Serve(args) => server::serve(args).await,
         Command::Admin(command) => admin::run(command).await,
+        Command::Agent(args) => {
+            let config = agent::Config::from_args(&args)?;
+            let stop = tokio_util::sync::CancellationToken::new();
+            tokio::spawn({
+                let stop = stop.clone();
+                async move {
+                    server::shutdown_signal().await;
+                    stop.cancel();
+                }
+            });
+            agent::run(config, stop).await
+        }
+        Command::Dev(args) => dev::run(args).await,
         Command::Openapi { out } => {
             let json = api::openapi().to_pretty_json().context("cannot render the OpenAPI document")? + "\n";
             match out {

@@ -1,14 +1,20 @@
-//! `astraeus serve`: connect, migrate, listen, and stop cleanly on SIGTERM or Ctrl-C.
+//! `astraeus serve`: connect, migrate, start the control loops, listen, and stop cleanly on
+//! SIGTERM or Ctrl-C.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context;
 use secrecy::ExposeSecret;
 use tokio::net::TcpListener;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
 
 use crate::api::{self, AppState};
 use crate::auth::Keys;
-use crate::settings::ServeArgs;
+use crate::controllers::liveness;
+use crate::scheduler;
+use crate::settings::{ControllerArgs, ServeArgs};
 use crate::store;
 
 pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
@@ -16,10 +22,45 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let db = store::connect(args.database.url.expose_secret(), args.database.max_connections).await?;
     let listener =
         TcpListener::bind(args.listen).await.with_context(|| format!("cannot listen on {}", args.listen))?;
-    tracing::info!(address = %listener.local_addr()?, "listening");
-    let app = api::router(AppState { db, keys: Arc::new(keys) });
-    axum::serve(listener, app).with_graceful_shutdown(shutdown_signal()).await?;
+    let app = AppState::new(db, Arc::new(keys));
+    let stop = CancellationToken::new();
+    let loops = start_loops(&app, &args.controllers, &stop);
+    tokio::spawn({
+        let stop = stop.clone();
+        async move {
+            shutdown_signal().await;
+            stop.cancel();
+        }
+    });
+    listen(listener, app, stop).await?;
+    loops.join_all().await;
     tracing::info!("stopped");
+    Ok(())
+}
+
+/// Starts the notification listener and the control loops; they end when `stop` is cancelled.
+pub fn start_loops(app: &AppState, c: &ControllerArgs, stop: &CancellationToken) -> JoinSet<()> {
+    let mut set = JoinSet::new();
+    let hub = app.hub.clone();
+    let db = app.db.clone();
+    let listen_stop = stop.clone();
+    set.spawn(async move {
+        tokio::select! {
+            _ = hub.listen(db) => {}
+            _ = listen_stop.cancelled() => {}
+        }
+    });
+    set.spawn(scheduler::run(app.db.clone(), app.hub.clone(), stop.clone()));
+    set.spawn(liveness::run(app.db.clone(), Duration::from_secs(c.heartbeat_grace_seconds), stop.clone()));
+    set
+}
+
+/// Serves the API until `stop`, then lets open requests finish.
+pub async fn listen(listener: TcpListener, app: AppState, stop: CancellationToken) -> anyhow::Result<()> {
+    tracing::info!(address = %listener.local_addr()?, "listening");
+    axum::serve(listener, api::router(app))
+        .with_graceful_shutdown(async move { stop.cancelled().await })
+        .await?;
     Ok(())
 }
 

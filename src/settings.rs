@@ -22,6 +22,10 @@ pub struct Cli {
 pub enum Command {
     /// Run the API server and its controllers.
     Serve(ServeArgs),
+    /// Run the agent of one machine.
+    Agent(AgentArgs),
+    /// Run everything on this machine: a private Postgres, the server and local agents.
+    Dev(DevArgs),
     /// Administration: signing keys and tokens.
     #[command(subcommand)]
     Admin(AdminCommand),
@@ -63,6 +67,82 @@ pub struct ServeArgs {
     /// Ed25519 PKCS#8 PEM file that signs tokens (make one with `astraeus admin keygen`).
     #[arg(long, env = "ASTRAEUS_SIGNING_KEY_FILE")]
     pub signing_key_file: PathBuf,
+    #[command(flatten)]
+    pub controllers: ControllerArgs,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ControllerArgs {
+    /// A machine whose agent is silent this long goes NotReady and its workers fail.
+    #[arg(long, env = "ASTRAEUS_HEARTBEAT_GRACE_SECONDS", default_value_t = 30)]
+    pub heartbeat_grace_seconds: u64,
+}
+
+#[derive(Debug, Args)]
+pub struct AgentArgs {
+    /// The server's base URL, e.g. http://127.0.0.1:8080.
+    #[arg(long, env = "ASTRAEUS_SERVER")]
+    pub server: String,
+    /// A join token minted by an organisation admin for the cluster.
+    #[arg(long, env = "ASTRAEUS_JOIN_TOKEN", hide_env_values = true)]
+    pub join_token: SecretString,
+    /// This machine's name (a DNS label).
+    #[arg(long)]
+    pub name: String,
+    /// Where to propose keeping copies of drives.
+    #[arg(long)]
+    pub data_location: PathBuf,
+    #[command(flatten)]
+    pub machine: MachineArgs,
+}
+
+/// What a machine advertises; the host's cores and memory unless given.
+#[derive(Debug, Clone, Args)]
+pub struct MachineArgs {
+    /// CPU cores to offer (default: the host's).
+    #[arg(long)]
+    pub cpus: Option<f64>,
+    /// Memory to offer, in bytes (default: the host's).
+    #[arg(long)]
+    pub memory: Option<u64>,
+    #[arg(long, default_value_t = 0)]
+    pub gpus: u32,
+    /// Labels, as k=v,k=v.
+    #[arg(long, value_delimiter = ',')]
+    pub labels: Vec<String>,
+    #[arg(long, default_value = "default")]
+    pub pool: String,
+    /// Transports to other machines' drives: nfs, rdma.
+    #[arg(long, value_delimiter = ',')]
+    pub transports: Vec<String>,
+    /// Seconds between heartbeats.
+    #[arg(long, default_value_t = 5)]
+    pub heartbeat_interval_seconds: u64,
+}
+
+#[derive(Debug, Args)]
+pub struct DevArgs {
+    #[arg(long, env = "ASTRAEUS_LISTEN", default_value = "127.0.0.1:8080")]
+    pub listen: SocketAddr,
+    /// Local machines to run, named gpu-01 … gpu-NN.
+    #[arg(long, default_value_t = 2)]
+    pub machines: u32,
+    /// Where the private Postgres, the signing key and the machines' data locations live.
+    #[arg(long, default_value = ".astraeus/dev")]
+    pub state_dir: PathBuf,
+    /// Leave the machines' data locations unconfirmed.
+    #[arg(long)]
+    pub no_data_location: bool,
+    /// Start empty: remove the state dir's database and data first.
+    #[arg(long)]
+    pub fresh: bool,
+    /// Use this Postgres instead of a private one.
+    #[arg(long = "database-url", env = "DATABASE_URL", hide_env_values = true)]
+    pub database_url: Option<SecretString>,
+    #[command(flatten)]
+    pub machine: MachineArgs,
+    #[command(flatten)]
+    pub controllers: ControllerArgs,
 }
 
 #[derive(Debug, Subcommand)]

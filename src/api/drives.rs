@@ -15,7 +15,7 @@ use super::extract::{Body, Params};
 use super::list::{List, ListParams};
 use super::meta::ObjectMeta;
 use super::{AppState, workers::WorkerRef};
-use crate::domain::drive::{DriveSpec, Location};
+use crate::domain::drive::{DriveSpec, Location, full_name};
 use crate::domain::meta::MetaInput;
 use crate::domain::path::AbsPath;
 use crate::domain::role::Role;
@@ -62,10 +62,6 @@ pub struct Copy {
     /// `Filling`, `Complete` or `Failed`.
     pub state: String,
     pub last_used_at: Option<DateTime<Utc>>,
-}
-
-pub fn full_name(namespace: &str, drive: &str) -> String {
-    format!("{namespace}.{drive}")
 }
 
 fn to_object(caller: &Caller, r: DriveRecord, used_by: Vec<WorkerRef>) -> Drive {

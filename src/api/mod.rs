@@ -1,11 +1,14 @@
 //! The HTTP API (axum): the router, its state, errors, extractors and one file per resource.
 
+pub mod agent;
 pub mod caller;
 pub mod drives;
 pub mod error;
 pub mod extract;
 pub mod health;
 pub mod list;
+pub mod logs;
+pub mod machines;
 pub mod meta;
 pub mod org;
 pub mod runs;
@@ -27,6 +30,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_swagger_ui::SwaggerUi;
 
 use crate::auth::Keys;
+use crate::hub::Hub;
 use error::ApiError;
 
 /// Request bodies larger than this are refused with 413.
@@ -36,6 +40,14 @@ pub const BODY_LIMIT: usize = 1024 * 1024;
 pub struct AppState {
     pub db: PgPool,
     pub keys: Arc<Keys>,
+    pub hub: Arc<Hub>,
+}
+
+impl AppState {
+    /// State over `db`; call [`AppState::start_background`] to also listen for notifications.
+    pub fn new(db: PgPool, keys: Arc<Keys>) -> AppState {
+        AppState { db, keys, hub: Arc::new(Hub::default()) }
+    }
 }
 
 #[derive(OpenApi)]
@@ -45,6 +57,7 @@ pub struct AppState {
     tags(
         (name = "drives", description = "Datasets kept on machines"),
         (name = "runs", description = "Jobs and their workers"),
+        (name = "machines", description = "Machines, their data locations, and join tokens"),
         (name = "secrets", description = "Values given to workers as environment"),
         (name = "tokens", description = "Bearer tokens of a workspace"),
         (name = "organisation", description = "Workspaces, clusters and host-path grants"),
@@ -71,6 +84,8 @@ fn api_routes() -> OpenApiRouter<AppState> {
         .merge(drives::router())
         .merge(runs::router())
         .merge(workers::router())
+        .merge(logs::router())
+        .merge(machines::router())
         .merge(secrets::router())
         .merge(tokens::router())
         .merge(org::router());
@@ -86,6 +101,7 @@ pub fn router(state: AppState) -> Router {
     let (api, spec) = api_routes().split_for_parts();
     Router::new()
         .merge(api)
+        .merge(agent::router())
         .merge(SwaggerUi::new("/docs").url("/openapi.json", spec))
         .route("/healthz", get(health::healthz))
         .route("/readyz", get(health::readyz))

@@ -21,6 +21,7 @@ use crate::domain::meta::MetaInput;
 use crate::domain::role::Role;
 use crate::domain::run::{RunSpec, RunState};
 use crate::domain::{FieldError, Name, Problems};
+use crate::hub;
 use crate::store::{self, drives::DriveRecord, runs::RunRecord};
 
 /// Fill runs are named `fill-<drive>-<machine>`; users pick other names.
@@ -158,6 +159,7 @@ pub async fn create(
     let run = store::runs::insert(&mut tx, caller.workspace_id, name, &metadata.labels, &spec, &drive_ids)
         .await
         .map_err(on_constraint("runs_workspace_name_key", || format!("run {name} already exists")))?;
+    hub::request_schedule(&mut *tx).await?;
     tx.commit().await?;
     Ok((StatusCode::CREATED, Json(to_object(&caller.workspace, run, None))))
 }
@@ -220,12 +222,17 @@ pub async fn delete(
     Path(name): Path<String>,
 ) -> Result<StatusCode, ApiError> {
     caller.require(Role::Editor, "delete runs")?;
-    let deleted = match Name::parse(&name) {
-        Ok(n) => store::runs::delete(&app.db, caller.workspace_id, n.as_str()).await?,
-        Err(_) => false,
+    let mut tx = app.db.begin().await?;
+    let run = match Name::parse(&name) {
+        Ok(n) => store::runs::lock(&mut tx, caller.workspace_id, n.as_str()).await?,
+        Err(_) => None,
     };
-    if !deleted {
-        return Err(ApiError::not_found("run", &name));
-    }
+    let run = run.ok_or_else(|| ApiError::not_found("run", &name))?;
+    // Workers still on machines give their resources back and their agents stop them.
+    let machines = store::workers::release_run(&mut tx, run).await?;
+    store::runs::delete(&mut *tx, run).await?;
+    store::machines::touch_assignments(&mut *tx, &machines).await?;
+    hub::request_schedule(&mut *tx).await?;
+    tx.commit().await?;
     Ok(StatusCode::NO_CONTENT)
 }

@@ -2,6 +2,7 @@
 
 pub mod issue;
 pub mod keys;
+pub mod machine;
 pub mod seal;
 pub mod token;
 

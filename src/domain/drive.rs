@@ -30,6 +30,11 @@ pub struct DriveSpec {
     pub fill: Option<Fill>,
 }
 
+/// `<namespace>.<drive>`: how messages and folders name a drive.
+pub fn full_name(namespace: &str, drive: &str) -> String {
+    format!("{namespace}.{drive}")
+}
+
 pub fn default_cluster() -> Name {
     Name::parse("main").expect("a valid name")
 }

@@ -14,6 +14,7 @@ const MAX_ARG: usize = 128 * 1024;
 const MAX_ARGS: usize = 1024;
 const MAX_ENV: usize = 1024;
 const MAX_REFS: usize = 64;
+const MAX_MEMORY: u64 = 1 << 50;
 /// Thirty days.
 const MAX_TIME_LIMIT: u64 = 30 * 24 * 3600;
 
@@ -186,8 +187,8 @@ impl TaskTemplate {
 
 impl Resources {
     fn check(&self, at: &str, p: &mut Problems) {
-        if self.memory_bytes == 0 {
-            p.add(format!("{at}.memory_bytes"), "must be more than 0");
+        if self.memory_bytes == 0 || self.memory_bytes > MAX_MEMORY {
+            p.add(format!("{at}.memory_bytes"), "must be between 1 byte and 1 PiB");
         }
         if self.gpus > 1024 {
             p.add(format!("{at}.gpus"), "must be at most 1024");

@@ -2,7 +2,11 @@
 
 pub mod clusters;
 pub mod drives;
+pub mod events;
 pub mod grants;
+pub mod join_tokens;
+pub mod logs;
+pub mod machines;
 pub mod runs;
 pub mod secrets;
 pub mod tokens;

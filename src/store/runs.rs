@@ -46,17 +46,22 @@ pub async fn insert(
     .bind(Json(spec))
     .fetch_one(&mut *tx)
     .await?;
+    let resources = &spec.task_template.requested_resources;
     let indexes: Vec<i32> = (0..spec.replicas as i32).collect();
     let ids: Vec<Uuid> = indexes.iter().map(|_| Uuid::now_v7()).collect();
     sqlx::query(
-        "INSERT INTO workers (id, run_id, workspace_id, name, index)
-         SELECT w.id, $2, $3, $4 || '-' || w.index, w.index FROM unnest($1::uuid[], $5::int[]) AS w(id, index)",
+        "INSERT INTO workers (id, run_id, workspace_id, name, index, cpu_millis, memory_bytes, gpus)
+         SELECT w.id, $2, $3, $4 || '-' || w.index, w.index, $6, $7, $8
+         FROM unnest($1::uuid[], $5::int[]) AS w(id, index)",
     )
     .bind(&ids)
     .bind(run.id)
     .bind(workspace)
     .bind(name)
     .bind(&indexes)
+    .bind(resources.cpu_cores.millis() as i32)
+    .bind(resources.memory_bytes as i64)
+    .bind(resources.gpus as i32)
     .execute(&mut *tx)
     .await?;
     sqlx::query("INSERT INTO run_mounts (run_id, drive_id) SELECT $1, unnest($2::uuid[])")
@@ -96,12 +101,16 @@ pub async fn list(
     .await
 }
 
-/// Deletes the run and, by cascade, its workers; false when there was no such run.
-pub async fn delete(db: impl PgExecutor<'_>, workspace: Uuid, name: &str) -> sqlx::Result<bool> {
-    let done = sqlx::query("DELETE FROM runs WHERE workspace_id = $1 AND name = $2")
+/// Locks the run for deletion; `None` when the workspace has no such run.
+pub async fn lock(tx: &mut PgConnection, workspace: Uuid, name: &str) -> sqlx::Result<Option<Uuid>> {
+    sqlx::query_scalar("SELECT id FROM runs WHERE workspace_id = $1 AND name = $2 FOR UPDATE")
         .bind(workspace)
         .bind(name)
-        .execute(db)
-        .await?;
-    Ok(done.rows_affected() == 1)
+        .fetch_optional(tx)
+        .await
+}
+
+/// Deletes the run and, by cascade, its workers, their logs and mounts.
+pub async fn delete(db: impl PgExecutor<'_>, id: Uuid) -> sqlx::Result<()> {
+    sqlx::query("DELETE FROM runs WHERE id = $1").bind(id).execute(db).await.map(drop)
 }

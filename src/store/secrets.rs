@@ -77,3 +77,12 @@ pub async fn delete(db: impl PgExecutor<'_>, workspace: Uuid, name: &str) -> sql
         .await?;
     Ok(done.rows_affected() == 1)
 }
+
+/// The sealed values of a secret, for the agent that runs a worker referencing it.
+pub async fn sealed(db: impl PgExecutor<'_>, workspace: Uuid, name: &str) -> sqlx::Result<Option<Vec<u8>>> {
+    sqlx::query_scalar("SELECT sealed FROM secrets WHERE workspace_id = $1 AND name = $2")
+        .bind(workspace)
+        .bind(name)
+        .fetch_optional(db)
+        .await
+}

@@ -21,6 +21,8 @@ pub struct TestApp {
     pub api: String,
     pub db: PgPool,
     pub keys: Arc<Keys>,
+    /// The PEM that `keys` were made from, for tests that forge tokens with the server's key.
+    pub signing_pem: String,
     pub client: reqwest::Client,
     /// An editor token of workspace `default`.
     pub token: String,
@@ -59,16 +61,18 @@ impl Reply {
 }
 
 pub async fn spawn_app(db: PgPool) -> TestApp {
-    let keys = Arc::new(Keys::from_pem(&Keys::generate_pem().unwrap()).unwrap());
+    let signing_pem = Keys::generate_pem().unwrap();
+    let keys = Arc::new(Keys::from_pem(&signing_pem).unwrap());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let address = format!("http://{}", listener.local_addr().unwrap());
-    let router = api::router(AppState { db: db.clone(), keys: keys.clone() });
+    let router = api::router(AppState::new(db.clone(), keys.clone()));
     tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
     let mut app = TestApp {
         api: format!("{address}/api/v1"),
         address,
         db,
         keys,
+        signing_pem,
         client: reqwest::Client::new(),
         token: String::new(),
     };
@@ -164,6 +168,14 @@ impl TestApp {
         store::grants::replace(&mut tx, ws.id, "main", &[path.to_owned()]).await.unwrap();
         tx.commit().await.unwrap();
     }
+}
+
+/// The claims of a JWT, read without checking it.
+pub fn claims_of(token: &str) -> Value {
+    use base64::Engine;
+    let payload = token.split('.').nth(1).expect("a JWT has three parts");
+    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(payload).unwrap();
+    serde_json::from_slice(&bytes).unwrap()
 }
 
 /// The recipe's drive.json, as written.

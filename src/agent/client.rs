@@ -1,0 +1,87 @@
+//! The agent's side of the agent API.
+
+use std::time::Duration;
+
+use anyhow::Context;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use uuid::Uuid;
+
+use crate::protocol::{
+    Ack, Assignments, HeartbeatRequest, HeartbeatResponse, JoinRequest, JoinResponse, LogLineIn, LogUpload,
+    StatusReport,
+};
+
+#[derive(Clone)]
+pub struct Client {
+    http: reqwest::Client,
+    base: String,
+    credential: String,
+}
+
+impl Client {
+    pub fn new(server: &str) -> anyhow::Result<Client> {
+        let http = reqwest::Client::builder().connect_timeout(Duration::from_secs(5)).build()?;
+        Ok(Client {
+            http,
+            base: format!("{}/agent/v1", server.trim_end_matches('/')),
+            credential: String::new(),
+        })
+    }
+
+    async fn post<B: Serialize, R: DeserializeOwned>(&self, path: &str, body: &B) -> anyhow::Result<R> {
+        let resp = self
+            .http
+            .post(format!("{}{path}", self.base))
+            .bearer_auth(&self.credential)
+            .timeout(Duration::from_secs(30))
+            .json(body)
+            .send()
+            .await
+            .with_context(|| format!("cannot reach the server at {}", self.base))?;
+        read(resp).await
+    }
+
+    /// Joins with the join token and keeps the machine credential it answers with.
+    pub async fn join(&mut self, request: &JoinRequest) -> anyhow::Result<JoinResponse> {
+        let joined: JoinResponse = self.post("/join", request).await.context("cannot join the cluster")?;
+        self.credential = joined.credential.clone();
+        Ok(joined)
+    }
+
+    pub async fn heartbeat(&self, request: &HeartbeatRequest) -> anyhow::Result<HeartbeatResponse> {
+        self.post("/heartbeat", request).await
+    }
+
+    /// Answers at once when assignments are newer than `version`, otherwise within `wait`.
+    pub async fn assignments(&self, version: i64, wait_seconds: u64) -> anyhow::Result<Assignments> {
+        let resp = self
+            .http
+            .get(format!("{}/assignments", self.base))
+            .query(&[("version", version.to_string()), ("wait_seconds", wait_seconds.to_string())])
+            .bearer_auth(&self.credential)
+            .timeout(Duration::from_secs(wait_seconds + 15))
+            .send()
+            .await
+            .context("cannot reach the server")?;
+        read(resp).await
+    }
+
+    pub async fn report(&self, worker: Uuid, report: &StatusReport) -> anyhow::Result<Ack> {
+        self.post(&format!("/workers/{worker}/status"), report).await
+    }
+
+    pub async fn logs(&self, worker: Uuid, lines: Vec<LogLineIn>) -> anyhow::Result<Ack> {
+        self.post(&format!("/workers/{worker}/logs"), &LogUpload { lines }).await
+    }
+}
+
+async fn read<R: DeserializeOwned>(resp: reqwest::Response) -> anyhow::Result<R> {
+    let status = resp.status();
+    if status.is_success() {
+        return resp.json().await.context("the server's answer is not what the agent expects");
+    }
+    let body: serde_json::Value = resp.json().await.unwrap_or_default();
+    let message = body["error"]["message"].as_str().unwrap_or("no message");
+    anyhow::bail!("the server answered {status}: {message}")
+}

@@ -1,0 +1,149 @@
+//! The agent: joins the cluster, heartbeats with its data location and copies, long-polls for
+//! the workers it should run, runs each in a bubblewrap sandbox, and ships their logs.
+
+pub mod client;
+pub mod disk;
+pub mod host;
+pub mod sandbox;
+pub mod worker;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use crate::protocol::{Assignment, JoinRequest};
+use crate::settings::AgentArgs;
+use client::Client;
+
+/// What the agent needs to run; built from `astraeus agent` flags or by dev mode.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub server: String,
+    pub join: JoinRequest,
+    /// The folder the agent proposes as its data location.
+    pub data_location: PathBuf,
+    pub heartbeat_interval: Duration,
+}
+
+/// The confirmed data location, as the server last said.
+#[derive(Debug, Default)]
+pub struct Shared {
+    pub data_location: Mutex<Option<PathBuf>>,
+}
+
+impl Config {
+    pub fn from_args(args: &AgentArgs) -> anyhow::Result<Config> {
+        use secrecy::ExposeSecret;
+        let join = host::join_request(
+            &args.name,
+            args.join_token.expose_secret(),
+            &args.data_location,
+            &args.machine,
+        )?;
+        std::fs::create_dir_all(&args.data_location)?;
+        Ok(Config {
+            server: args.server.clone(),
+            join,
+            data_location: args.data_location.clone(),
+            heartbeat_interval: Duration::from_secs(args.machine.heartbeat_interval_seconds.max(1)),
+        })
+    }
+}
+
+/// Runs until `stop` is cancelled, then stops its workers.
+pub async fn run(config: Config, stop: CancellationToken) -> anyhow::Result<()> {
+    let mut client = Client::new(&config.server)?;
+    let joined = client.join(&config.join).await?;
+    tracing::info!(machine = %joined.machine, cluster = %joined.cluster, "joined");
+    let shared = Arc::new(Shared::default());
+    let heartbeat =
+        tokio::spawn(heartbeat_loop(client.clone(), config.clone(), shared.clone(), stop.clone()));
+    let result = assignment_loop(client, shared, stop.clone()).await;
+    stop.cancel();
+    let _ = heartbeat.await;
+    result
+}
+
+async fn heartbeat_loop(client: Client, config: Config, shared: Arc<Shared>, stop: CancellationToken) {
+    loop {
+        let proposed = config.data_location.clone();
+        let confirmed = shared.data_location.lock().expect("not poisoned").clone();
+        let report =
+            tokio::task::spawn_blocking(move || disk::report(confirmed.as_deref().unwrap_or(&proposed)))
+                .await
+                .unwrap_or_default();
+        match client.heartbeat(&report).await {
+            Ok(answer) => {
+                let confirmed = answer.data_location.map(PathBuf::from);
+                if let Some(dir) = &confirmed {
+                    for folder in &answer.delete_copies {
+                        disk::delete_copy(dir, folder);
+                    }
+                }
+                *shared.data_location.lock().expect("not poisoned") = confirmed;
+            }
+            Err(e) => tracing::warn!(error = %e, "heartbeat failed"),
+        }
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(config.heartbeat_interval) => {}
+        }
+    }
+}
+
+/// Long-polls for assignments and makes the running workers match them.
+async fn assignment_loop(client: Client, shared: Arc<Shared>, stop: CancellationToken) -> anyhow::Result<()> {
+    let mut running: HashMap<Uuid, CancellationToken> = HashMap::new();
+    let finished: Arc<Mutex<Vec<Uuid>>> = Arc::default();
+    let mut version = 0;
+    loop {
+        let answer = tokio::select! {
+            _ = stop.cancelled() => break,
+            a = client.assignments(version, 30) => a,
+        };
+        let assignments = match answer {
+            Ok(a) => a,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot fetch assignments; retrying");
+                tokio::select! {
+                    _ = stop.cancelled() => break,
+                    _ = tokio::time::sleep(Duration::from_secs(1)) => continue,
+                }
+            }
+        };
+        version = assignments.version;
+        for id in finished.lock().expect("not poisoned").drain(..) {
+            running.remove(&id);
+        }
+        let wanted: HashMap<Uuid, &Assignment> = assignments.workers.iter().map(|a| (a.uid, a)).collect();
+        running.retain(|id, token| {
+            let keep = wanted.contains_key(id);
+            if !keep {
+                tracing::info!(worker = %id, "stopping a worker that is no longer assigned");
+                token.cancel();
+            }
+            keep
+        });
+        for (id, a) in wanted {
+            if running.contains_key(&id) {
+                continue;
+            }
+            let token = stop.child_token();
+            running.insert(id, token.clone());
+            let (client, shared, finished, a) = (client.clone(), shared.clone(), finished.clone(), a.clone());
+            tokio::spawn(async move {
+                let data = shared.data_location.lock().expect("not poisoned").clone();
+                worker::run(&client, a, data, token).await;
+                finished.lock().expect("not poisoned").push(id);
+            });
+        }
+    }
+    for token in running.values() {
+        token.cancel();
+    }
+    Ok(())
+}

@@ -1,0 +1,322 @@
+//! The agent API (`/agent/v1`), apart from the user API: machines join, heartbeat, long-poll
+//! for their workers, report worker states and upload logs. A machine credential opens these
+//! routes only, and only for its own machine.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use axum::extract::{FromRequestParts, Path, State};
+use axum::http::{header, request::Parts};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use chrono::Utc;
+use serde::Deserialize;
+use uuid::Uuid;
+
+use super::AppState;
+use super::error::ApiError;
+use super::extract::{Body, Params};
+use crate::auth::machine::{self, verify_credential};
+use crate::auth::seal;
+use crate::domain::Problems;
+use crate::domain::drive::{Location, full_name};
+use crate::domain::run::WorkerState;
+use crate::hub;
+use crate::protocol::{
+    Ack, Assignment, Assignments, HeartbeatRequest, HeartbeatResponse, JoinRequest, JoinResponse, LogUpload,
+    MountSource, MountSpec, StatusReport,
+};
+use crate::store::{self, machines::Joining, workers::AssignmentRow};
+
+/// Longest an assignments long-poll is held open.
+const MAX_WAIT: Duration = Duration::from_secs(60);
+const MAX_LOG_LINES: usize = 10_000;
+const MAX_COPIES: usize = 100_000;
+
+pub fn router() -> Router<AppState> {
+    Router::new()
+        .route("/agent/v1/join", post(join))
+        .route("/agent/v1/heartbeat", post(heartbeat))
+        .route("/agent/v1/assignments", get(assignments))
+        .route("/agent/v1/workers/{id}/status", post(report_status))
+        .route("/agent/v1/workers/{id}/logs", post(upload_logs))
+}
+
+/// The machine a credential names, checked to be the one in force.
+pub struct MachineCaller {
+    pub id: Uuid,
+    pub name: String,
+    pub cluster: String,
+}
+
+impl FromRequestParts<AppState> for MachineCaller {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, app: &AppState) -> Result<Self, ApiError> {
+        let bearer = parts
+            .headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .ok_or_else(|| {
+                ApiError::Unauthorized(
+                    "no machine credential: send Authorization: Bearer <credential>".into(),
+                )
+            })?;
+        let claims = verify_credential(&app.keys, bearer.trim())
+            .map_err(|e| ApiError::Unauthorized(format!("the machine credential is not valid: {e}")))?;
+        if !store::machines::credential_is_current(&app.db, claims.mid, claims.jti).await? {
+            return Err(ApiError::Unauthorized("the machine credential was replaced: join again".into()));
+        }
+        Ok(MachineCaller { id: claims.mid, name: claims.sub, cluster: claims.cluster })
+    }
+}
+
+async fn join(
+    State(app): State<AppState>,
+    Body(req): Body<JoinRequest>,
+) -> Result<Json<JoinResponse>, ApiError> {
+    let cluster = store::join_tokens::cluster_for(&app.db, &machine::hash_join_token(&req.join_token))
+        .await?
+        .ok_or_else(|| ApiError::Unauthorized("the join token is not valid, expired or revoked".into()))?;
+    let mut p = Problems::default();
+    for (i, t) in req.transports.iter().enumerate() {
+        if t != "nfs" && t != "rdma" {
+            p.add(format!("transports[{i}]"), format!("{t:?} is not a transport: nfs or rdma"));
+        }
+    }
+    if req.capacity.memory_bytes > i64::MAX as u64 {
+        p.add("capacity.memory_bytes", "is too large");
+    }
+    if let Some(d) = &req.data_location {
+        if let Err(e) = crate::domain::path::AbsPath::parse(d) {
+            p.add("data_location", e);
+        }
+    }
+    p.finish().map_err(ApiError::Invalid)?;
+    let credential_id = Uuid::now_v7();
+    let mut tx = app.db.begin().await?;
+    let m = store::machines::join(
+        &mut *tx,
+        &Joining {
+            cluster: &cluster,
+            name: req.name.as_str(),
+            pool: req.pool.as_str(),
+            labels: &req.labels,
+            transports: &req.transports,
+            cpu_millis: req.capacity.cpu_cores.millis() as i32,
+            memory_bytes: req.capacity.memory_bytes as i64,
+            gpus: req.capacity.gpus as i32,
+            data_proposed: req.data_location.as_deref(),
+            credential_id,
+        },
+    )
+    .await?;
+    hub::request_schedule(&mut *tx).await?;
+    tx.commit().await?;
+    tracing::info!(machine = %m.name, cluster = %m.cluster, "machine joined");
+    let expires = Utc::now() + chrono::Duration::days(365);
+    let credential = machine::mint_credential(&app.keys, m.id, &m.name, &m.cluster, credential_id, expires);
+    Ok(Json(JoinResponse { credential, machine: m.name, cluster: m.cluster }))
+}
+
+fn clamp(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+async fn heartbeat(
+    State(app): State<AppState>,
+    caller: MachineCaller,
+    Body(req): Body<HeartbeatRequest>,
+) -> Result<Json<HeartbeatResponse>, ApiError> {
+    if req.copies.len() > MAX_COPIES {
+        return Err(ApiError::invalid("copies", format!("at most {MAX_COPIES} copies per heartbeat")));
+    }
+    let usage = store::machines::Usage {
+        total_bytes: clamp(req.data_location.total_bytes),
+        used_bytes: clamp(req.data_location.used_bytes),
+        free_bytes: clamp(req.data_location.free_bytes),
+    };
+    let mut tx = app.db.begin().await?;
+    let beat = store::machines::heartbeat(&mut *tx, caller.id, &usage)
+        .await?
+        .ok_or_else(|| ApiError::Unauthorized(format!("machine {} is not registered", caller.name)))?;
+    if beat.old_state != "Ready" {
+        tracing::info!(machine = %caller.name, "machine is Ready again");
+        hub::request_schedule(&mut *tx).await?;
+    }
+    tx.commit().await?;
+    let m = beat.machine;
+    Ok(Json(HeartbeatResponse {
+        data_location: m.data_path,
+        data_limit_bytes: m.data_limit_bytes,
+        delete_copies: vec![],
+    }))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AssignmentsQuery {
+    /// Answer at once when the machine's assignments are newer than this.
+    #[serde(default)]
+    pub version: i64,
+    /// Otherwise wait up to this long for a change.
+    #[serde(default)]
+    pub wait_seconds: u64,
+}
+
+async fn assignments(
+    State(app): State<AppState>,
+    caller: MachineCaller,
+    Params(q): Params<AssignmentsQuery>,
+) -> Result<Json<Assignments>, ApiError> {
+    let wait = Duration::from_secs(q.wait_seconds).min(MAX_WAIT);
+    let notify = app.hub.subscribe(hub::MACHINE, caller.id);
+    let changed = notify.notified();
+    tokio::pin!(changed);
+    changed.as_mut().enable();
+    let mut version = store::machines::assign_version(&app.db, caller.id).await?;
+    if version <= q.version && !wait.is_zero() {
+        let _ = tokio::time::timeout(wait, changed).await;
+        version = store::machines::assign_version(&app.db, caller.id).await?;
+    }
+    let rows = store::workers::assigned_to(&app.db, caller.id).await?;
+    let mut workers = Vec::with_capacity(rows.len());
+    for row in rows {
+        workers.push(assignment(&app, row).await?);
+    }
+    Ok(Json(Assignments { version, workers }))
+}
+
+/// Turns a worker row into what the agent runs: mounts resolved, secrets opened.
+async fn assignment(app: &AppState, row: AssignmentRow) -> Result<Assignment, ApiError> {
+    let task = &row.spec.0.task_template;
+    let mut env = task.env.clone();
+    for s in &task.secret_refs {
+        if let Some(sealed) = store::secrets::sealed(&app.db, row.workspace_id, s.name.as_str()).await? {
+            let plain = seal::open(&app.keys, &sealed).ok_or_else(|| {
+                anyhow::anyhow!("secret {} cannot be opened with this server's key", s.name)
+            })?;
+            let values: BTreeMap<String, String> =
+                serde_json::from_slice(&plain).map_err(anyhow::Error::from)?;
+            env.extend(values);
+        }
+    }
+    let mut mounts = Vec::new();
+    for r in &task.datavolume_refs {
+        let Some(drive) = store::drives::get(&app.db, row.workspace_id, r.name.as_str()).await? else {
+            continue;
+        };
+        let spec = &drive.spec.0;
+        let (source, base) = match spec.location() {
+            Location::Placed(sub) => (
+                MountSource::Copy { folder: full_name(&row.namespace, &drive.name) },
+                sub.as_str().to_owned(),
+            ),
+            Location::Shared(path) | Location::Node(_, path) => {
+                (MountSource::Host { path: path.to_string() }, String::new())
+            }
+        };
+        let sub_path = [base.as_str(), r.sub_path.as_str()]
+            .iter()
+            .filter(|s| !s.is_empty())
+            .cloned()
+            .collect::<Vec<_>>()
+            .join("/");
+        let target = r
+            .mount_path
+            .as_ref()
+            .map(|m| m.to_string())
+            .unwrap_or_else(|| spec.source().mount_path.to_string());
+        let read_only = r.mode.unwrap_or(spec.source().mode) == crate::domain::task::Mode::ReadOnly;
+        mounts.push(MountSpec {
+            drive: full_name(&row.namespace, &drive.name),
+            source,
+            sub_path,
+            target,
+            read_only,
+        });
+    }
+    Ok(Assignment {
+        uid: row.id,
+        name: row.name,
+        run: row.run_name,
+        namespace: row.namespace,
+        state: row.state,
+        image: task.image.clone(),
+        command: task.command.clone(),
+        args: task.args.clone(),
+        env,
+        time_limit_seconds: task.time_limit_seconds,
+        mounts,
+    })
+}
+
+async fn report_status(
+    State(app): State<AppState>,
+    caller: MachineCaller,
+    Path(id): Path<Uuid>,
+    Body(report): Body<StatusReport>,
+) -> Result<Json<Ack>, ApiError> {
+    let mut tx = app.db.begin().await?;
+    let run = match report.state {
+        WorkerState::Running => store::workers::start(&mut tx, id, caller.id).await?,
+        WorkerState::Completed | WorkerState::Failed => {
+            store::workers::finish(
+                &mut tx,
+                id,
+                Some(caller.id),
+                report.state,
+                &report.reason,
+                report.exit_code,
+            )
+            .await?
+        }
+        other => {
+            return Err(ApiError::invalid(
+                "state",
+                format!("an agent reports Running, Completed or Failed, not {other:?}"),
+            ));
+        }
+    };
+    let Some(run) = run else {
+        return Ok(Json(Ack { accepted: false }));
+    };
+    for e in &report.events {
+        let kind = if e.kind == "Warning" { "Warning" } else { "Normal" };
+        store::events::add(&mut *tx, id, kind, &e.reason, &e.message).await?;
+    }
+    store::workers::refresh_run(&mut tx, run).await?;
+    hub::worker_changed(&mut *tx, id).await?;
+    if report.state.is_terminal() {
+        hub::request_schedule(&mut *tx).await?;
+        store::machines::touch_assignments(&mut *tx, &[caller.id]).await?;
+    }
+    tx.commit().await?;
+    Ok(Json(Ack { accepted: true }))
+}
+
+async fn upload_logs(
+    State(app): State<AppState>,
+    caller: MachineCaller,
+    Path(id): Path<Uuid>,
+    Body(upload): Body<LogUpload>,
+) -> Result<Json<Ack>, ApiError> {
+    if upload.lines.len() > MAX_LOG_LINES {
+        return Err(ApiError::invalid("lines", format!("at most {MAX_LOG_LINES} lines per upload")));
+    }
+    let (streams, lines): (Vec<String>, Vec<String>) = upload
+        .lines
+        .into_iter()
+        .map(|l| {
+            (if l.stream == "stderr" { "stderr" } else { "stdout" }.to_owned(), l.line.replace('\0', ""))
+        })
+        .unzip();
+    let mut tx = app.db.begin().await?;
+    if !store::workers::is_on_machine(&mut *tx, id, caller.id).await? {
+        return Ok(Json(Ack { accepted: false }));
+    }
+    store::logs::append(&mut tx, id, &streams, &lines).await?;
+    tx.commit().await?;
+    Ok(Json(Ack { accepted: true }))
+}

@@ -1,0 +1,292 @@
+//! `/machines`: the cluster's machines, their data locations, and join tokens to add more.
+
+use std::collections::BTreeMap;
+
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use chrono::{DateTime, Duration, Utc};
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+use uuid::Uuid;
+
+use super::AppState;
+use super::caller::Caller;
+use super::error::{ApiError, ErrorBody};
+use super::extract::Body;
+use super::list::List;
+use crate::auth::machine::new_join_token;
+use crate::domain::Name;
+use crate::domain::path::AbsPath;
+use crate::domain::quantity::CpuCores;
+use crate::domain::role::Role;
+use crate::hub;
+use crate::store::{self, join_tokens::JoinTokenRecord, machines::MachineRecord};
+
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(list))
+        .routes(routes!(get))
+        .routes(routes!(confirm_data_location))
+        .routes(routes!(list_join_tokens, create_join_token))
+        .routes(routes!(revoke_join_token))
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Machine {
+    pub metadata: MachineMeta,
+    pub spec: MachineSpec,
+    pub status: MachineStatus,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct MachineMeta {
+    pub name: String,
+    pub uid: Uuid,
+    pub created_at: DateTime<Utc>,
+    pub labels: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct MachineSpec {
+    pub cluster: String,
+    pub pool: String,
+    /// `nfs`, `rdma`.
+    pub transports: Vec<String>,
+    pub capacity: Resources,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Resources {
+    pub cpu_cores: CpuCores,
+    pub memory_bytes: i64,
+    pub gpus: i32,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct MachineStatus {
+    /// `Ready`, or `NotReady` when heartbeats stopped.
+    pub state: String,
+    pub last_heartbeat_at: DateTime<Utc>,
+    /// Held by the workers placed here.
+    pub allocated: Resources,
+    pub data_location: DataLocation,
+}
+
+/// Where the machine keeps copies of drives.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct DataLocation {
+    /// The path the agent proposed.
+    pub proposed: Option<String>,
+    /// The confirmed path; no copy is kept before an admin confirms one.
+    pub path: Option<String>,
+    pub confirmed: bool,
+    /// The most copies may take there, if limited.
+    pub limit_bytes: Option<i64>,
+    pub total_bytes: i64,
+    pub used_bytes: i64,
+    pub free_bytes: i64,
+}
+
+fn cores(millis: i32) -> CpuCores {
+    CpuCores::from_millis(millis.max(0) as u32)
+}
+
+pub fn to_object(m: MachineRecord) -> Machine {
+    Machine {
+        metadata: MachineMeta { name: m.name, uid: m.id, created_at: m.created_at, labels: m.labels.0 },
+        spec: MachineSpec {
+            cluster: m.cluster,
+            pool: m.pool,
+            transports: m.transports,
+            capacity: Resources {
+                cpu_cores: cores(m.cpu_millis),
+                memory_bytes: m.memory_bytes,
+                gpus: m.gpus,
+            },
+        },
+        status: MachineStatus {
+            state: m.state,
+            last_heartbeat_at: m.last_heartbeat_at,
+            allocated: Resources {
+                cpu_cores: cores(m.cpu_alloc),
+                memory_bytes: m.memory_alloc,
+                gpus: m.gpus_alloc,
+            },
+            data_location: DataLocation {
+                proposed: m.data_proposed,
+                confirmed: m.data_path.is_some(),
+                path: m.data_path,
+                limit_bytes: m.data_limit_bytes,
+                total_bytes: m.data_total_bytes,
+                used_bytes: m.data_used_bytes,
+                free_bytes: m.data_free_bytes,
+            },
+        },
+    }
+}
+
+/// List machines.
+#[utoipa::path(get, path = "/machines", tag = "machines",
+    responses((status = 200, body = List<Machine>)), security(("bearer" = [])))]
+pub async fn list(State(app): State<AppState>, _caller: Caller) -> Result<Json<List<Machine>>, ApiError> {
+    let rows = store::machines::list(&app.db).await?;
+    Ok(Json(List { items: rows.into_iter().map(to_object).collect(), next: None }))
+}
+
+async fn find(app: &AppState, name: &str) -> Result<MachineRecord, ApiError> {
+    let found = match Name::parse(name) {
+        Ok(n) => store::machines::by_name(&app.db, n.as_str()).await?,
+        Err(_) => None,
+    };
+    found.ok_or_else(|| ApiError::not_found("machine", name))
+}
+
+/// Read a machine.
+#[utoipa::path(get, path = "/machines/{name}", tag = "machines", params(("name" = String, Path)),
+    responses((status = 200, body = Machine), (status = 404, body = ErrorBody)), security(("bearer" = [])))]
+pub async fn get(
+    State(app): State<AppState>,
+    _caller: Caller,
+    Path(name): Path<String>,
+) -> Result<Json<Machine>, ApiError> {
+    Ok(Json(to_object(find(&app, &name).await?)))
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ConfirmDataLocation {
+    /// Absolute path on the machine; usually the one the agent proposed.
+    pub path: AbsPath,
+    /// The most copies may take there.
+    #[schema(minimum = 1)]
+    pub limit_bytes: Option<i64>,
+}
+
+/// Confirm where the machine keeps copies (Machines → machine → Data location → Confirm).
+#[utoipa::path(post, path = "/machines/{name}/data-location", tag = "machines", params(("name" = String, Path)),
+    request_body = ConfirmDataLocation,
+    responses((status = 200, body = Machine), (status = 404, body = ErrorBody), (status = 422, body = ErrorBody)),
+    security(("bearer" = [])))]
+pub async fn confirm_data_location(
+    State(app): State<AppState>,
+    caller: Caller,
+    Path(name): Path<String>,
+    Body(input): Body<ConfirmDataLocation>,
+) -> Result<Json<Machine>, ApiError> {
+    caller.require(Role::Admin, "confirm data locations")?;
+    if input.path.is_root() {
+        return Err(ApiError::invalid("path", "a data location cannot be /"));
+    }
+    if input.limit_bytes.is_some_and(|l| l <= 0) {
+        return Err(ApiError::invalid("limit_bytes", "must be more than 0"));
+    }
+    let machine = find(&app, &name).await?;
+    let mut tx = app.db.begin().await?;
+    let m =
+        store::machines::confirm_data_location(&mut *tx, machine.id, input.path.as_str(), input.limit_bytes)
+            .await?;
+    hub::request_schedule(&mut *tx).await?;
+    tx.commit().await?;
+    Ok(Json(to_object(m)))
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct JoinToken {
+    pub id: Uuid,
+    pub cluster: String,
+    pub created_at: DateTime<Utc>,
+    pub expires_at: DateTime<Utc>,
+    pub revoked_at: Option<DateTime<Utc>>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct CreatedJoinToken {
+    #[serde(flatten)]
+    pub info: JoinToken,
+    /// Give it to `astraeus agent --join-token`. Shown once: only its hash is stored.
+    pub token: String,
+}
+
+impl From<JoinTokenRecord> for JoinToken {
+    fn from(r: JoinTokenRecord) -> JoinToken {
+        JoinToken {
+            id: r.id,
+            cluster: r.cluster,
+            created_at: r.created_at,
+            expires_at: r.expires_at,
+            revoked_at: r.revoked_at,
+        }
+    }
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct JoinTokenInput {
+    /// Lifetime in seconds (default 1 day, at most a year).
+    #[schema(minimum = 1, maximum = 31536000)]
+    pub ttl_seconds: Option<i64>,
+}
+
+async fn cluster(app: &AppState, name: &str) -> Result<(), ApiError> {
+    if store::clusters::exists(&app.db, name).await? {
+        Ok(())
+    } else {
+        Err(ApiError::not_found("cluster", name))
+    }
+}
+
+/// Mint a token machines join the cluster with.
+#[utoipa::path(post, path = "/clusters/{cluster}/join-tokens", tag = "machines", params(("cluster" = String, Path)),
+    request_body = JoinTokenInput,
+    responses((status = 201, body = CreatedJoinToken), (status = 404, body = ErrorBody)), security(("bearer" = [])))]
+pub async fn create_join_token(
+    State(app): State<AppState>,
+    caller: Caller,
+    Path(name): Path<String>,
+    Body(input): Body<JoinTokenInput>,
+) -> Result<(StatusCode, Json<CreatedJoinToken>), ApiError> {
+    caller.require_org_admin("mint join tokens")?;
+    cluster(&app, &name).await?;
+    let ttl = input.ttl_seconds.unwrap_or(24 * 3600);
+    if !(1..=365 * 24 * 3600).contains(&ttl) {
+        return Err(ApiError::invalid("ttl_seconds", "must be between 1 and 31536000"));
+    }
+    let (token, hash) = new_join_token();
+    let record =
+        store::join_tokens::insert(&app.db, &name, &hash, Utc::now() + Duration::seconds(ttl)).await?;
+    Ok((StatusCode::CREATED, Json(CreatedJoinToken { info: record.into(), token })))
+}
+
+/// List a cluster's join tokens (never the tokens themselves).
+#[utoipa::path(get, path = "/clusters/{cluster}/join-tokens", tag = "machines", params(("cluster" = String, Path)),
+    responses((status = 200, body = List<JoinToken>), (status = 404, body = ErrorBody)), security(("bearer" = [])))]
+pub async fn list_join_tokens(
+    State(app): State<AppState>,
+    caller: Caller,
+    Path(name): Path<String>,
+) -> Result<Json<List<JoinToken>>, ApiError> {
+    caller.require_org_admin("read join tokens")?;
+    cluster(&app, &name).await?;
+    let rows = store::join_tokens::list(&app.db, &name).await?;
+    Ok(Json(List { items: rows.into_iter().map(JoinToken::from).collect(), next: None }))
+}
+
+/// Revoke a join token. Machines that joined with it stay.
+#[utoipa::path(delete, path = "/clusters/{cluster}/join-tokens/{id}", tag = "machines",
+    params(("cluster" = String, Path), ("id" = String, Path)),
+    responses((status = 200, body = JoinToken), (status = 404, body = ErrorBody)), security(("bearer" = [])))]
+pub async fn revoke_join_token(
+    State(app): State<AppState>,
+    caller: Caller,
+    Path((name, id)): Path<(String, String)>,
+) -> Result<Json<JoinToken>, ApiError> {
+    caller.require_org_admin("revoke join tokens")?;
+    let found = match Uuid::parse_str(&id) {
+        Ok(id) => store::join_tokens::revoke(&app.db, &name, id).await?,
+        Err(_) => None,
+    };
+    found.map(|r| Json(r.into())).ok_or_else(|| ApiError::not_found("join token", &id))
+}

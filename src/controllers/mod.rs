@@ -1,0 +1,3 @@
+//! Control loops besides the scheduler. Each is level-triggered and safe to run on every replica.
+
+pub mod liveness;

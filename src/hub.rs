@@ -1,0 +1,93 @@
+//! Wake-ups across replicas: Postgres LISTEN/NOTIFY fanned out to the tasks waiting in this
+//! process (agents' long-polls, log followers, the scheduler).
+//!
+//! Writers call `pg_notify` inside their transaction, so a wake-up is sent only on commit and
+//! reaches every replica, this one included.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use sqlx::PgPool;
+use sqlx::postgres::PgListener;
+use tokio::sync::Notify;
+use uuid::Uuid;
+
+pub const MACHINE: &str = "astraeus_machine";
+pub const WORKER: &str = "astraeus_worker";
+pub const SCHEDULE: &str = "astraeus_schedule";
+
+#[derive(Default)]
+pub struct Hub {
+    waiters: Mutex<HashMap<(&'static str, Uuid), Weak<Notify>>>,
+    /// Pending work may now fit somewhere: a new run, freed resources, a machine back.
+    pub schedule: Notify,
+}
+
+impl Hub {
+    /// The notifier for one object; hold it while waiting.
+    pub fn subscribe(&self, channel: &'static str, id: Uuid) -> Arc<Notify> {
+        let mut waiters = self.waiters.lock().expect("not poisoned");
+        if let Some(n) = waiters.get(&(channel, id)).and_then(Weak::upgrade) {
+            return n;
+        }
+        if waiters.len() > 1024 {
+            waiters.retain(|_, w| w.strong_count() > 0);
+        }
+        let n = Arc::new(Notify::new());
+        waiters.insert((channel, id), Arc::downgrade(&n));
+        n
+    }
+
+    pub fn wake(&self, channel: &str, payload: &str) {
+        if channel == SCHEDULE {
+            self.schedule.notify_one();
+            return;
+        }
+        let Ok(id) = payload.parse::<Uuid>() else { return };
+        let channel = match channel {
+            MACHINE => MACHINE,
+            WORKER => WORKER,
+            _ => return,
+        };
+        let waiter = self.waiters.lock().expect("not poisoned").get(&(channel, id)).and_then(Weak::upgrade);
+        if let Some(n) = waiter {
+            n.notify_waiters();
+        }
+    }
+
+    /// Listens until the process ends, reconnecting when the connection drops. While it is
+    /// down, waiters fall back on their timeouts and the periodic passes.
+    pub async fn listen(self: Arc<Self>, db: PgPool) {
+        loop {
+            match self.listen_once(&db).await {
+                Ok(()) => return,
+                Err(e) => {
+                    tracing::warn!(error = %e, "notification listener lost its connection; retrying");
+                    // Something may have changed while we were not listening.
+                    self.schedule.notify_one();
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+            }
+        }
+    }
+
+    async fn listen_once(&self, db: &PgPool) -> sqlx::Result<()> {
+        let mut listener = PgListener::connect_with(db).await?;
+        listener.listen_all([MACHINE, WORKER, SCHEDULE]).await?;
+        loop {
+            let n = listener.recv().await?;
+            self.wake(n.channel(), n.payload());
+        }
+    }
+}
+
+/// Asks every replica's scheduler to look at pending work, on commit.
+pub async fn request_schedule(db: impl sqlx::PgExecutor<'_>) -> sqlx::Result<()> {
+    sqlx::query("SELECT pg_notify($1, '')").bind(SCHEDULE).execute(db).await.map(drop)
+}
+
+/// Wakes whoever follows the worker (its logs, its state), on commit.
+pub async fn worker_changed(db: impl sqlx::PgExecutor<'_>, worker: Uuid) -> sqlx::Result<()> {
+    sqlx::query("SELECT pg_notify($1, $2::text)").bind(WORKER).bind(worker).execute(db).await.map(drop)
+}

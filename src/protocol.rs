@@ -1,0 +1,167 @@
+//! The agent protocol: what agents and the server send each other over `/agent/v1`.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use crate::domain::Name;
+use crate::domain::quantity::CpuCores;
+use crate::domain::run::WorkerState;
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Capacity {
+    pub cpu_cores: CpuCores,
+    pub memory_bytes: u64,
+    #[serde(default)]
+    pub gpus: u32,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct JoinRequest {
+    pub join_token: String,
+    pub name: Name,
+    #[serde(default = "default_pool")]
+    pub pool: Name,
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    #[serde(default)]
+    pub transports: Vec<String>,
+    pub capacity: Capacity,
+    /// Where the agent proposes to keep copies; an admin confirms it.
+    pub data_location: Option<String>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct JoinResponse {
+    pub credential: String,
+    pub machine: String,
+    pub cluster: String,
+}
+
+#[derive(Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct HeartbeatRequest {
+    pub data_location: DataUsage,
+    #[serde(default)]
+    pub copies: Vec<CopyReport>,
+}
+
+#[derive(Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct DataUsage {
+    pub total_bytes: u64,
+    pub used_bytes: u64,
+    pub free_bytes: u64,
+}
+
+/// A copy as the agent finds it on disk.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct CopyReport {
+    /// `<namespace>.<drive>`: the copy's folder name under `drives/`.
+    pub drive: String,
+    pub bytes: u64,
+    /// Whether `.astralyx-filled` is present.
+    pub complete: bool,
+    pub last_used_at: Option<DateTime<Utc>>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct HeartbeatResponse {
+    /// The confirmed data location; `None` until an admin confirms one.
+    pub data_location: Option<String>,
+    pub data_limit_bytes: Option<i64>,
+    /// Copies (folder names) the agent should delete.
+    pub delete_copies: Vec<String>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Assignments {
+    pub version: i64,
+    pub workers: Vec<Assignment>,
+}
+
+/// A worker the agent should be running, with everything it needs to run it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Assignment {
+    pub uid: Uuid,
+    pub name: String,
+    pub run: String,
+    pub namespace: String,
+    pub state: WorkerState,
+    pub image: String,
+    pub command: String,
+    pub args: Vec<String>,
+    /// The task's environment, secrets included.
+    pub env: BTreeMap<String, String>,
+    pub time_limit_seconds: Option<u64>,
+    pub mounts: Vec<MountSpec>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct MountSpec {
+    pub drive: String,
+    pub source: MountSource,
+    /// Relative path below the source, resolved by the agent without following symlinks.
+    pub sub_path: String,
+    pub target: String,
+    pub read_only: bool,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum MountSource {
+    /// The drive's copy in this machine's data location: `<data location>/drives/<folder>`.
+    Copy { folder: String },
+    /// A path on this machine.
+    Host { path: String },
+}
+
+#[derive(Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct StatusReport {
+    /// `Running`, `Completed` or `Failed`.
+    pub state: WorkerState,
+    pub exit_code: Option<i32>,
+    #[serde(default)]
+    pub reason: String,
+    #[serde(default)]
+    pub events: Vec<EventReport>,
+}
+
+#[derive(Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct EventReport {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub reason: String,
+    pub message: String,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Ack {
+    /// False when the server no longer expects the worker on this machine: stop it.
+    pub accepted: bool,
+}
+
+#[derive(Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct LogUpload {
+    pub lines: Vec<LogLineIn>,
+}
+
+#[derive(Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct LogLineIn {
+    /// `stdout` or `stderr`.
+    pub stream: String,
+    pub line: String,
+}
+
+fn default_pool() -> Name {
+    Name::parse("default").expect("a valid name")
+}

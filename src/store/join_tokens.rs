@@ -1,0 +1,65 @@
+//! The `join_tokens` table: hashes of the tokens machines join a cluster with.
+
+use chrono::{DateTime, Utc};
+use sqlx::PgExecutor;
+use uuid::Uuid;
+
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct JoinTokenRecord {
+    pub id: Uuid,
+    pub cluster: String,
+    pub created_at: DateTime<Utc>,
+    pub expires_at: DateTime<Utc>,
+    pub revoked_at: Option<DateTime<Utc>>,
+}
+
+const COLUMNS: &str = "id, cluster, created_at, expires_at, revoked_at";
+
+pub async fn insert(
+    db: impl PgExecutor<'_>,
+    cluster: &str,
+    hash: &[u8],
+    expires_at: DateTime<Utc>,
+) -> sqlx::Result<JoinTokenRecord> {
+    sqlx::query_as(&format!(
+        "INSERT INTO join_tokens (id, cluster, secret_hash, expires_at) VALUES ($1, $2, $3, $4) RETURNING {COLUMNS}"
+    ))
+    .bind(Uuid::now_v7())
+    .bind(cluster)
+    .bind(hash)
+    .bind(expires_at)
+    .fetch_one(db)
+    .await
+}
+
+/// The cluster an active join token admits to.
+pub async fn cluster_for(db: impl PgExecutor<'_>, hash: &[u8]) -> sqlx::Result<Option<String>> {
+    sqlx::query_scalar(
+        "SELECT cluster FROM join_tokens WHERE secret_hash = $1 AND revoked_at IS NULL AND expires_at > now()",
+    )
+    .bind(hash)
+    .fetch_optional(db)
+    .await
+}
+
+pub async fn list(db: impl PgExecutor<'_>, cluster: &str) -> sqlx::Result<Vec<JoinTokenRecord>> {
+    sqlx::query_as(&format!("SELECT {COLUMNS} FROM join_tokens WHERE cluster = $1 ORDER BY id DESC"))
+        .bind(cluster)
+        .fetch_all(db)
+        .await
+}
+
+pub async fn revoke(
+    db: impl PgExecutor<'_>,
+    cluster: &str,
+    id: Uuid,
+) -> sqlx::Result<Option<JoinTokenRecord>> {
+    sqlx::query_as(&format!(
+        "UPDATE join_tokens SET revoked_at = COALESCE(revoked_at, now()) WHERE cluster = $1 AND id = $2
+         RETURNING {COLUMNS}"
+    ))
+    .bind(cluster)
+    .bind(id)
+    .fetch_optional(db)
+    .await
+}

@@ -1,0 +1,189 @@
+//! The `machines` table: capacity, what is allocated, liveness and the data location.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+use sqlx::PgExecutor;
+use sqlx::types::Json;
+use uuid::Uuid;
+
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct MachineRecord {
+    pub id: Uuid,
+    pub cluster: String,
+    pub name: String,
+    pub pool: String,
+    pub labels: Json<BTreeMap<String, String>>,
+    pub transports: Vec<String>,
+    pub cpu_millis: i32,
+    pub memory_bytes: i64,
+    pub gpus: i32,
+    pub cpu_alloc: i32,
+    pub memory_alloc: i64,
+    pub gpus_alloc: i32,
+    pub state: String,
+    pub last_heartbeat_at: DateTime<Utc>,
+    pub credential_id: Uuid,
+    pub data_proposed: Option<String>,
+    pub data_path: Option<String>,
+    pub data_limit_bytes: Option<i64>,
+    pub data_total_bytes: i64,
+    pub data_used_bytes: i64,
+    pub data_free_bytes: i64,
+    pub assign_version: i64,
+    pub created_at: DateTime<Utc>,
+}
+
+pub const COLUMNS: &str = "id, cluster, name, pool, labels, transports, cpu_millis, memory_bytes, gpus,
+    cpu_alloc, memory_alloc, gpus_alloc, state, last_heartbeat_at, credential_id, data_proposed, data_path,
+    data_limit_bytes, data_total_bytes, data_used_bytes, data_free_bytes, assign_version, created_at";
+
+/// What an agent says about its machine when it joins.
+pub struct Joining<'a> {
+    pub cluster: &'a str,
+    pub name: &'a str,
+    pub pool: &'a str,
+    pub labels: &'a BTreeMap<String, String>,
+    pub transports: &'a [String],
+    pub cpu_millis: i32,
+    pub memory_bytes: i64,
+    pub gpus: i32,
+    pub data_proposed: Option<&'a str>,
+    pub credential_id: Uuid,
+}
+
+/// Registers the machine, or refreshes it and rotates its credential when it joins again.
+pub async fn join(db: impl PgExecutor<'_>, j: &Joining<'_>) -> sqlx::Result<MachineRecord> {
+    sqlx::query_as(&format!(
+        "INSERT INTO machines (id, cluster, name, pool, labels, transports, cpu_millis, memory_bytes, gpus,
+                               data_proposed, credential_id)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
+         ON CONFLICT ON CONSTRAINT machines_cluster_name_key DO UPDATE SET
+             pool = EXCLUDED.pool, labels = EXCLUDED.labels, transports = EXCLUDED.transports,
+             cpu_millis = EXCLUDED.cpu_millis, memory_bytes = EXCLUDED.memory_bytes, gpus = EXCLUDED.gpus,
+             data_proposed = EXCLUDED.data_proposed, credential_id = EXCLUDED.credential_id,
+             state = 'Ready', last_heartbeat_at = now(), assign_version = machines.assign_version + 1
+         RETURNING {COLUMNS}"
+    ))
+    .bind(Uuid::now_v7())
+    .bind(j.cluster)
+    .bind(j.name)
+    .bind(j.pool)
+    .bind(Json(j.labels))
+    .bind(j.transports)
+    .bind(j.cpu_millis)
+    .bind(j.memory_bytes)
+    .bind(j.gpus)
+    .bind(j.data_proposed)
+    .bind(j.credential_id)
+    .fetch_one(db)
+    .await
+}
+
+/// Whether the credential is the one in force for the machine.
+pub async fn credential_is_current(
+    db: impl PgExecutor<'_>,
+    machine: Uuid,
+    credential: Uuid,
+) -> sqlx::Result<bool> {
+    sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM machines WHERE id = $1 AND credential_id = $2)")
+        .bind(machine)
+        .bind(credential)
+        .fetch_one(db)
+        .await
+}
+
+pub struct Usage {
+    pub total_bytes: i64,
+    pub used_bytes: i64,
+    pub free_bytes: i64,
+}
+
+#[derive(Debug, sqlx::FromRow)]
+pub struct Beat {
+    #[sqlx(flatten)]
+    pub machine: MachineRecord,
+    /// The state before this heartbeat: a machine coming back can take work again.
+    pub old_state: String,
+}
+
+/// Records a heartbeat: the machine is Ready, with this data-location usage.
+pub async fn heartbeat(db: impl PgExecutor<'_>, machine: Uuid, usage: &Usage) -> sqlx::Result<Option<Beat>> {
+    sqlx::query_as(&format!(
+        "UPDATE machines SET last_heartbeat_at = now(), state = 'Ready',
+             data_total_bytes = $2, data_used_bytes = $3, data_free_bytes = $4
+         FROM (SELECT id AS old_id, state AS old_state FROM machines WHERE id = $1 FOR UPDATE) old
+         WHERE id = old.old_id
+         RETURNING {COLUMNS}, old.old_state"
+    ))
+    .bind(machine)
+    .bind(usage.total_bytes)
+    .bind(usage.used_bytes)
+    .bind(usage.free_bytes)
+    .fetch_optional(db)
+    .await
+}
+
+pub async fn get(db: impl PgExecutor<'_>, id: Uuid) -> sqlx::Result<Option<MachineRecord>> {
+    sqlx::query_as(&format!("SELECT {COLUMNS} FROM machines WHERE id = $1")).bind(id).fetch_optional(db).await
+}
+
+pub async fn by_name(db: impl PgExecutor<'_>, name: &str) -> sqlx::Result<Option<MachineRecord>> {
+    sqlx::query_as(&format!("SELECT {COLUMNS} FROM machines WHERE name = $1 ORDER BY cluster LIMIT 1"))
+        .bind(name)
+        .fetch_optional(db)
+        .await
+}
+
+pub async fn list(db: impl PgExecutor<'_>) -> sqlx::Result<Vec<MachineRecord>> {
+    sqlx::query_as(&format!("SELECT {COLUMNS} FROM machines ORDER BY cluster, name")).fetch_all(db).await
+}
+
+/// Confirms where the machine keeps copies, and the most they may take.
+pub async fn confirm_data_location(
+    db: impl PgExecutor<'_>,
+    id: Uuid,
+    path: &str,
+    limit: Option<i64>,
+) -> sqlx::Result<MachineRecord> {
+    sqlx::query_as(&format!(
+        "UPDATE machines SET data_path = $2, data_limit_bytes = $3, assign_version = assign_version + 1
+         WHERE id = $1 RETURNING {COLUMNS}"
+    ))
+    .bind(id)
+    .bind(path)
+    .bind(limit)
+    .fetch_one(db)
+    .await
+}
+
+/// Marks Ready machines whose last heartbeat is older than `grace` NotReady; returns them.
+pub async fn mark_unresponsive(
+    db: impl PgExecutor<'_>,
+    grace: std::time::Duration,
+) -> sqlx::Result<Vec<MachineRecord>> {
+    sqlx::query_as(&format!(
+        "UPDATE machines SET state = 'NotReady'
+         WHERE state = 'Ready' AND last_heartbeat_at < now() - make_interval(secs => $1)
+         RETURNING {COLUMNS}"
+    ))
+    .bind(grace.as_secs_f64())
+    .fetch_all(db)
+    .await
+}
+
+/// Bumps the machines' assignment versions and wakes their agents' long-polls, on commit.
+pub async fn touch_assignments(db: impl PgExecutor<'_>, ids: &[Uuid]) -> sqlx::Result<()> {
+    sqlx::query(
+        "WITH t AS (UPDATE machines SET assign_version = assign_version + 1 WHERE id = ANY($1) RETURNING id)
+         SELECT pg_notify('astraeus_machine', id::text) FROM t",
+    )
+    .bind(ids)
+    .execute(db)
+    .await
+    .map(drop)
+}
+
+pub async fn assign_version(db: impl PgExecutor<'_>, id: Uuid) -> sqlx::Result<i64> {
+    sqlx::query_scalar("SELECT assign_version FROM machines WHERE id = $1").bind(id).fetch_one(db).await
+}

@@ -50,7 +50,8 @@ pub fn start_loops(app: &AppState, c: &ControllerArgs, stop: &CancellationToken)
             _ = listen_stop.cancelled() => {}
         }
     });
-    set.spawn(scheduler::run(app.db.clone(), app.hub.clone(), stop.clone()));
+    let refill_after = Duration::from_secs(c.refill_after_seconds);
+    set.spawn(scheduler::run(app.db.clone(), app.hub.clone(), refill_after, stop.clone()));
     set.spawn(liveness::run(app.db.clone(), Duration::from_secs(c.heartbeat_grace_seconds), stop.clone()));
     set
 }

@@ -76,6 +76,9 @@ pub struct ControllerArgs {
     /// A machine whose agent is silent this long goes NotReady and its workers fail.
     #[arg(long, env = "ASTRAEUS_HEARTBEAT_GRACE_SECONDS", default_value_t = 30)]
     pub heartbeat_grace_seconds: u64,
+    /// A fill that completed without leaving a whole copy runs again after this long.
+    #[arg(long, env = "ASTRAEUS_REFILL_AFTER_SECONDS", default_value_t = 600)]
+    pub refill_after_seconds: u64,
 }
 
 #[derive(Debug, Args)]

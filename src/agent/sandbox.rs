@@ -135,7 +135,8 @@ pub fn open_sub_path(root: &Path, sub_path: &str) -> Result<ResolvedDir, String>
     let flags = OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC;
     let mut dir = rustix::fs::openat(CWD, root, flags, Mode::empty())
         .map_err(|e| format!("root {}: {e}", root.display()))?;
-    for name in sub_path.split('/') {
+    // An empty sub_path is the root itself.
+    for name in sub_path.split('/').filter(|_| !sub_path.is_empty()) {
         // Validated upstream; checked again because escaping `root` is what this function prevents.
         if name.is_empty() || name == "." || name == ".." {
             return Err(format!("sub_path {sub_path}: {name:?} is not a plain name"));
@@ -144,7 +145,8 @@ pub fn open_sub_path(root: &Path, sub_path: &str) -> Result<ResolvedDir, String>
             .map_err(|e| format!("sub_path {sub_path}: {name:?} {}", why_not_dir(&dir, name, e)))?;
         dir = next;
     }
-    Ok(ResolvedDir { fd: dir, path: root.join(sub_path) })
+    let path = if sub_path.is_empty() { root.to_path_buf() } else { root.join(sub_path) };
+    Ok(ResolvedDir { fd: dir, path })
 }
 
 /// Turns a failed open into words: the errno alone (ELOOP, ENOTDIR) is cryptic.

@@ -96,6 +96,11 @@ fn mounts(a: &Assignment, data_location: Option<&Path>) -> Result<Vec<Mount>, St
                     .join(folder),
                 MountSource::Host { path } => PathBuf::from(path),
             };
+            if matches!(m.source, MountSource::Copy { .. }) && !m.read_only && m.sub_path.is_empty() {
+                // A fill starts an empty copy.
+                std::fs::create_dir_all(&root)
+                    .map_err(|e| format!("cannot create {}: {e}", root.display()))?;
+            }
             let dir = sandbox::open_sub_path(&root, &m.sub_path)
                 .map_err(|e| format!("cannot mount drive {} at {}: {e}", m.drive, m.target))?;
             Ok(Mount::dir(dir, m.target.clone(), m.read_only))

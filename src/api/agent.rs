@@ -137,10 +137,23 @@ async fn heartbeat(
         used_bytes: clamp(req.data_location.used_bytes),
         free_bytes: clamp(req.data_location.free_bytes),
     };
+    let folders: Vec<String> = req.copies.iter().map(|c| c.drive.clone()).collect();
+    let bytes: Vec<i64> = req.copies.iter().map(|c| clamp(c.bytes)).collect();
+    let complete: Vec<bool> = req.copies.iter().map(|c| c.complete).collect();
     let mut tx = app.db.begin().await?;
     let beat = store::machines::heartbeat(&mut *tx, caller.id, &usage)
         .await?
         .ok_or_else(|| ApiError::Unauthorized(format!("machine {} is not registered", caller.name)))?;
+    let copies = store::copies::reconcile(&mut tx, caller.id, &folders, &bytes, &complete).await?;
+    if !copies.completed.is_empty() {
+        // The marker is there: the workers waiting for these copies start now, not at the next pass.
+        let released = store::workers::release_ready(&mut *tx, caller.id).await?;
+        if !released.is_empty() {
+            store::copies::touch_used(&mut *tx, caller.id, &copies.completed).await?;
+            store::machines::touch_assignments(&mut *tx, &[caller.id]).await?;
+        }
+        hub::request_schedule(&mut *tx).await?;
+    }
     if beat.old_state != "Ready" {
         tracing::info!(machine = %caller.name, "machine is Ready again");
         hub::request_schedule(&mut *tx).await?;
@@ -150,7 +163,7 @@ async fn heartbeat(
     Ok(Json(HeartbeatResponse {
         data_location: m.data_path,
         data_limit_bytes: m.data_limit_bytes,
-        delete_copies: vec![],
+        delete_copies: copies.delete,
     }))
 }
 
@@ -203,6 +216,17 @@ async fn assignment(app: &AppState, row: AssignmentRow) -> Result<Assignment, Ap
         }
     }
     let mut mounts = Vec::new();
+    if let Some(drive) = &row.fill_drive {
+        // A fill writes the whole copy, read-write, at /drive.
+        let folder = full_name(&row.namespace, drive);
+        mounts.push(MountSpec {
+            drive: folder.clone(),
+            source: MountSource::Copy { folder },
+            sub_path: String::new(),
+            target: "/drive".into(),
+            read_only: false,
+        });
+    }
     for r in &task.datavolume_refs {
         let Some(drive) = store::drives::get(&app.db, row.workspace_id, r.name.as_str()).await? else {
             continue;

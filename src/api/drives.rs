@@ -20,7 +20,8 @@ use crate::domain::meta::MetaInput;
 use crate::domain::path::AbsPath;
 use crate::domain::role::Role;
 use crate::domain::{Name, Problems};
-use crate::store::{self, drives::DriveRecord};
+use crate::hub;
+use crate::store::{self, copies::CopyRecord, drives::DriveRecord};
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new().routes(routes!(list, create)).routes(routes!(get, delete, replace, patch))
@@ -64,8 +65,20 @@ pub struct Copy {
     pub last_used_at: Option<DateTime<Utc>>,
 }
 
-fn to_object(caller: &Caller, r: DriveRecord, used_by: Vec<WorkerRef>) -> Drive {
+fn to_object(caller: &Caller, r: DriveRecord, copies: &[CopyRecord], used_by: Vec<WorkerRef>) -> Drive {
     let full = full_name(&caller.workspace, &r.name);
+    let copies = copies
+        .iter()
+        .filter(|c| c.drive_id == r.id && c.state != "Evicting")
+        .map(|c| Copy {
+            node: c.machine.clone(),
+            folder: format!("{}/drives/{full}", c.data_path.as_deref().unwrap_or_default()),
+            bytes: c.bytes.max(0) as u64,
+            complete: c.state == "Complete",
+            state: c.state.clone(),
+            last_used_at: c.last_used_at,
+        })
+        .collect();
     Drive {
         metadata: ObjectMeta {
             name: r.name,
@@ -76,7 +89,7 @@ fn to_object(caller: &Caller, r: DriveRecord, used_by: Vec<WorkerRef>) -> Drive 
         },
         spec: r.spec.0,
         status: DriveStatus { folder: format!("drives/{full}"), full_name: full },
-        copies: vec![],
+        copies,
         used_by,
     }
 }
@@ -133,7 +146,7 @@ pub async fn create(
         store::drives::insert(&app.db, caller.workspace_id, name, &input.metadata.labels, &input.spec)
             .await
             .map_err(on_constraint("drives_workspace_name_key", || format!("drive {name} already exists")))?;
-    Ok((StatusCode::CREATED, Json(to_object(&caller, record, vec![]))))
+    Ok((StatusCode::CREATED, Json(to_object(&caller, record, &[], vec![]))))
 }
 
 /// List the workspace's drives, newest first.
@@ -146,7 +159,9 @@ pub async fn list(
 ) -> Result<Json<List<Drive>>, ApiError> {
     let page = params.page()?;
     let rows = store::drives::list(&app.db, caller.workspace_id, page).await?;
-    Ok(Json(List::from_rows(rows, page, |r| r.id, |r| to_object(&caller, r, vec![]))))
+    let ids: Vec<_> = rows.iter().map(|r| r.id).collect();
+    let copies = store::copies::for_drives(&app.db, &ids).await?;
+    Ok(Json(List::from_rows(rows, page, |r| r.id, |r| to_object(&caller, r, &copies, vec![]))))
 }
 
 async fn find(app: &AppState, caller: &Caller, name: &str) -> Result<DriveRecord, ApiError> {
@@ -167,7 +182,8 @@ pub async fn get(
 ) -> Result<Json<Drive>, ApiError> {
     let record = find(&app, &caller, &name).await?;
     let used_by = store::workers::using_drive(&app.db, record.id).await?;
-    Ok(Json(to_object(&caller, record, used_by.into_iter().map(WorkerRef::from).collect())))
+    let copies = store::copies::for_drive(&app.db, record.id).await?;
+    Ok(Json(to_object(&caller, record, &copies, used_by.into_iter().map(WorkerRef::from).collect())))
 }
 
 /// Delete a drive. Refused while a worker that has not ended mounts it.
@@ -196,7 +212,15 @@ pub async fn delete(
             w.name, w.state, w.run_name
         )));
     }
+    // Its fills stop and give their machines' resources back; copies and fill runs go with the
+    // drive, and each agent deletes its folder when its next heartbeat finds no copy wanted.
+    let mut machines = Vec::new();
+    for run in store::fills::lock_for_drive(&mut tx, id).await? {
+        machines.extend(store::workers::release_run(&mut tx, run).await?);
+    }
     store::drives::delete(&mut *tx, id).await?;
+    store::machines::touch_assignments(&mut *tx, &machines).await?;
+    hub::request_schedule(&mut *tx).await?;
     tx.commit().await?;
     Ok(StatusCode::NO_CONTENT)
 }

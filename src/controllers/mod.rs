@@ -1,3 +1,4 @@
 //! Control loops besides the scheduler. Each is level-triggered and safe to run on every replica.
 
+pub mod fill;
 pub mod liveness;

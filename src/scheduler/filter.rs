@@ -11,6 +11,11 @@ pub fn fits(m: &MachineView, r: &Request) -> Result<(), String> {
     if !r.selects(&m.name) {
         return Err("not among the run's node_selection names".into());
     }
+    for d in r.drives.iter().filter(|d| d.transport == "Local") {
+        if let Some(node) = d.node.as_deref().filter(|n| *n != m.name) {
+            return Err(format!("drive {} is reached only on {node} (transport Local)", d.name));
+        }
+    }
     if !m.ready {
         return Err("NotReady".into());
     }
@@ -31,14 +36,43 @@ pub fn fits(m: &MachineView, r: &Request) -> Result<(), String> {
     if m.gpus_free < r.gpus {
         return Err(format!("Insufficient gpus ({} of {} free)", m.gpus_free.max(0), r.gpus));
     }
+    data_fits(m, r)
+}
+
+/// Each placed drive without a copy here needs a confirmed data location with room for its
+/// `size_hint_bytes`, counting what evicting unused copies would free.
+fn data_fits(m: &MachineView, r: &Request) -> Result<(), String> {
+    let mut missing = r.placed().filter(|d| m.copy_state(d.id).is_none()).peekable();
+    if missing.peek().is_none() {
+        return Ok(());
+    }
+    let Some(free) = m.data_free else {
+        return Err(format!("Choose where to keep data on {}", m.name));
+    };
+    let room = free + m.reclaimable();
+    let mut need = 0;
+    for d in missing {
+        need += d.size_hint;
+        if need > room {
+            return Err(format!(
+                "drive {} needs {} at this machine's data location, {} free",
+                d.name,
+                human_bytes(d.size_hint as u64),
+                human_bytes(room.max(0) as u64)
+            ));
+        }
+    }
     Ok(())
 }
 
 #[cfg(test)]
 mod tests {
+    use std::collections::HashMap;
+
     use super::*;
     use crate::domain::Name;
     use crate::domain::task::{NodeSelection, SelectionMode};
+    use crate::scheduler::snapshot::{CopyState, CopyView, DriveNeed};
     use uuid::Uuid;
 
     fn machine() -> MachineView {
@@ -47,11 +81,27 @@ mod tests {
             name: "gpu-01".into(),
             cluster: "main".into(),
             ready: true,
+            transports: vec![],
             cpu_total: 2000,
             memory_total: 4_000_000_000,
             cpu_free: 2000,
             memory_free: 4_000_000_000,
             gpus_free: 1,
+            data_free: Some(2_100_000_000),
+            copies: HashMap::new(),
+        }
+    }
+
+    fn food101() -> DriveNeed {
+        DriveNeed {
+            id: Uuid::from_u128(101),
+            name: "food101".into(),
+            full: "default.food101".into(),
+            scope: Some("placed".into()),
+            node: None,
+            transport: "Auto".into(),
+            size_hint: 6_000_000_000,
+            evictable: true,
         }
     }
 
@@ -62,13 +112,25 @@ mod tests {
             memory_bytes: 268_435_456,
             gpus: 0,
             selection: NodeSelection::default(),
+            drives: vec![],
+        }
+    }
+
+    fn old_copy(bytes: i64, in_use: bool) -> CopyView {
+        CopyView {
+            state: CopyState::Complete,
+            bytes,
+            size_hint: bytes,
+            evictable: true,
+            in_use,
+            last_used_at: None,
         }
     }
 
     #[test]
     fn each_filter_says_why_it_rejects() {
         type Case = (fn(&mut MachineView, &mut Request), &'static str);
-        let cases: [Case; 7] = [
+        let cases: [Case; 13] = [
             (|_, _| {}, ""),
             (|m, _| m.cluster = "other".into(), "not in cluster main"),
             (|m, _| m.ready = false, "NotReady"),
@@ -84,6 +146,52 @@ mod tests {
                     }
                 },
                 "not among the run's node_selection names",
+            ),
+            // The recipe's last troubleshooting row: 6.0 GB asked, 2.1 GB free.
+            (
+                |_, r| r.drives = vec![food101()],
+                "drive food101 needs 6.0 GB at this machine's data location, 2.1 GB free",
+            ),
+            (
+                |m, r| {
+                    m.data_free = None;
+                    r.drives = vec![food101()];
+                },
+                "Choose where to keep data on gpu-01",
+            ),
+            // A copy already here needs no room.
+            (
+                |m, r| {
+                    m.copies.insert(Uuid::from_u128(101), old_copy(5_000_000_000, false));
+                    r.drives = vec![food101()];
+                },
+                "",
+            ),
+            // 2.1 GB free + an unused evictable 4.0 GB copy = 6.1 GB of room for 6.0 GB.
+            (
+                |m, r| {
+                    m.copies.insert(Uuid::from_u128(7), old_copy(4_000_000_000, false));
+                    r.drives = vec![food101()];
+                },
+                "",
+            ),
+            // The same copy in use cannot be evicted: 2.1 GB of room.
+            (
+                |m, r| {
+                    m.copies.insert(Uuid::from_u128(7), old_copy(4_000_000_000, true));
+                    r.drives = vec![food101()];
+                },
+                "drive food101 needs 6.0 GB at this machine's data location, 2.1 GB free",
+            ),
+            (
+                |_, r| {
+                    let mut d = food101();
+                    d.scope = None;
+                    d.node = Some("gpu-02".into());
+                    d.transport = "Local".into();
+                    r.drives = vec![d];
+                },
+                "drive food101 is reached only on gpu-02 (transport Local)",
             ),
         ];
         for (edit, why) in cases {

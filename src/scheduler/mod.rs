@@ -2,11 +2,13 @@
 //! (this folder's other files); this shell reads a snapshot, binds in one transaction, and
 //! leaves each unplaced worker a reason.
 
+pub mod evict;
 pub mod filter;
 pub mod score;
 pub mod select;
 pub mod snapshot;
 
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,26 +16,44 @@ use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
+use crate::controllers::fill;
 use crate::hub::Hub;
-use crate::store;
-use snapshot::{MachineView, Request};
+use crate::store::{self, workers::Charge};
+use snapshot::{CopyState, CopyView, DriveNeed, MachineView, Request};
 
 /// Workers claimed per transaction.
 const BATCH: i64 = 256;
 /// The safety net when no notification arrives.
 const RESYNC: Duration = Duration::from_secs(5);
 
-/// Places work whenever something may have changed, until `stop`.
-pub async fn run(db: PgPool, hub: Arc<Hub>, stop: CancellationToken) {
+/// Places work and keeps fills going whenever something may have changed, until `stop`.
+/// Placing a worker may need a fill, and a fill's worker needs placing: both run in one loop.
+pub async fn run(db: PgPool, hub: Arc<Hub>, refill_after: Duration, stop: CancellationToken) {
     loop {
-        match tick(&db).await {
-            Ok(_) => {}
-            Err(e) => tracing::warn!(error = %e, "scheduling pass failed"),
+        let mut wait = RESYNC;
+        loop {
+            let placed = tick(&db).await.unwrap_or_else(|e| {
+                tracing::warn!(error = %e, "scheduling pass failed");
+                0
+            });
+            let changed = match fill::tick(&db, refill_after).await {
+                Ok((changed, next)) => {
+                    wait = next.map_or(wait, |n| n.min(wait));
+                    changed
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "fill pass failed");
+                    0
+                }
+            };
+            if placed == 0 && changed == 0 {
+                break;
+            }
         }
         tokio::select! {
             _ = stop.cancelled() => return,
             _ = hub.schedule.notified() => {}
-            _ = tokio::time::sleep(RESYNC) => {}
+            _ = tokio::time::sleep(wait) => {}
         }
     }
 }
@@ -56,50 +76,60 @@ async fn pass(db: &PgPool) -> anyhow::Result<(usize, usize)> {
     if pending.is_empty() {
         return Ok((0, 0));
     }
-    let mut machines: Vec<MachineView> = store::machines::list(&mut *tx)
-        .await?
-        .into_iter()
-        .map(|m| MachineView {
-            id: m.id,
-            name: m.name,
-            cluster: m.cluster,
-            ready: m.state == "Ready",
-            cpu_total: m.cpu_millis.into(),
-            memory_total: m.memory_bytes,
-            cpu_free: i64::from(m.cpu_millis - m.cpu_alloc),
-            memory_free: m.memory_bytes - m.memory_alloc,
-            gpus_free: i64::from(m.gpus - m.gpus_alloc),
-        })
-        .collect();
+    let mut machines = load_machines(&mut tx).await?;
     let mut touched: Vec<Uuid> = Vec::new();
     let mut placed = 0;
     for w in &pending {
         let task = &w.spec.0.task_template;
-        let request = Request {
+        let mut request = Request {
             cluster: w.spec.0.cluster.to_string(),
             cpu_millis: task.requested_resources.cpu_cores.millis().into(),
             memory_bytes: task.requested_resources.memory_bytes as i64,
             gpus: task.requested_resources.gpus.into(),
             selection: task.requested_resources.node_selection.clone(),
+            drives: w.drives.0.clone(),
         };
-        match select::select(&machines, &request) {
-            Ok(i) => {
-                let m = &mut machines[i];
-                let (released, reason) = match w.placed_drives.first() {
-                    None => (true, format!("Starting on {}", m.name)),
-                    Some(drive) => (false, format!("Waiting for drive {drive} to be filled on {}", m.name)),
-                };
-                if store::workers::bind(&mut tx, w.id, m.id, released, &reason).await? {
-                    m.take(&request);
-                    touched.push(m.id);
-                    placed += 1;
-                }
+        // A fill is pinned to its machine, where the workers waiting for it lend it their share.
+        if let Some(drive) = w.fill_drive_id {
+            if let Some(m) = machines.iter().find(|m| request.selects(&m.name)) {
+                let lent = store::workers::waiting_charge(&mut *tx, m.id, drive).await?;
+                request.cpu_millis = (request.cpu_millis - lent.cpu_millis).max(0);
+                request.memory_bytes = (request.memory_bytes - lent.memory_bytes).max(0);
+                request.gpus = (request.gpus - lent.gpus).max(0);
             }
+        }
+        let i = match select::select(&machines, &request) {
+            Ok(i) => i,
             Err(why) => {
                 if w.reason != why {
                     store::workers::set_pending_reason(&mut *tx, w.id, &why).await?;
                 }
+                continue;
             }
+        };
+        let transports = transports(&request.drives, &machines[i], &machines);
+        let m = &mut machines[i];
+        let lacking: Vec<&DriveNeed> =
+            request.placed().filter(|d| m.copy_state(d.id) != Some(CopyState::Complete)).collect();
+        let (released, reason) = match lacking.first() {
+            None => (true, format!("Starting on {}", m.name)),
+            Some(d) => (false, format!("Waiting for drive {} to be filled on {}", d.full, m.name)),
+        };
+        let charge =
+            Charge { cpu_millis: request.cpu_millis, memory_bytes: request.memory_bytes, gpus: request.gpus };
+        if !store::workers::bind(&mut tx, w.id, m.id, charge, released, &reason).await? {
+            continue;
+        }
+        m.take(charge.cpu_millis, charge.memory_bytes, charge.gpus);
+        touched.push(m.id);
+        placed += 1;
+        make_room(&mut tx, m, &lacking).await?;
+        if !transports.is_empty() {
+            store::workers::set_transports(&mut *tx, w.id, &transports).await?;
+        }
+        if released {
+            let ids: Vec<Uuid> = request.placed().map(|d| d.id).collect();
+            store::copies::touch_used(&mut *tx, machines[i].id, &ids).await?;
         }
     }
     touched.sort();
@@ -107,4 +137,106 @@ async fn pass(db: &PgPool) -> anyhow::Result<(usize, usize)> {
     store::machines::touch_assignments(&mut *tx, &touched).await?;
     tx.commit().await?;
     Ok((placed, pending.len()))
+}
+
+/// Creates the copies a bound worker lacks, evicting unused copies first when room is short.
+/// Their fills are started by the fill controller.
+async fn make_room(
+    tx: &mut sqlx::PgConnection,
+    m: &mut MachineView,
+    lacking: &[&DriveNeed],
+) -> anyhow::Result<()> {
+    let missing: Vec<&&DriveNeed> = lacking.iter().filter(|d| m.copy_state(d.id).is_none()).collect();
+    for d in missing {
+        let free = m.data_free.unwrap_or(0);
+        if free < d.size_hint {
+            let gone = evict::plan(&m.copies, d.size_hint - free);
+            if !gone.is_empty() {
+                tracing::info!(machine = %m.name, copies = gone.len(), drive = %d.full, "evicting copies to make room");
+                store::copies::evict(&mut *tx, m.id, &gone).await?;
+                for id in gone {
+                    if let Some(c) = m.copies.get_mut(&id) {
+                        c.state = CopyState::Evicting;
+                        m.data_free = Some(m.data_free.unwrap_or(0) + c.bytes);
+                    }
+                }
+            }
+        }
+        store::copies::ensure(&mut *tx, d.id, m.id, d.size_hint, d.evictable).await?;
+        m.data_free = Some(m.data_free.unwrap_or(0) - d.size_hint);
+        m.copies.insert(
+            d.id,
+            CopyView {
+                state: CopyState::Filling,
+                bytes: 0,
+                size_hint: d.size_hint,
+                evictable: d.evictable,
+                in_use: true,
+                last_used_at: None,
+            },
+        );
+    }
+    Ok(())
+}
+
+/// How a worker on `m` reaches each drive kept on one machine: on that machine directly,
+/// elsewhere over RDMA when both machines have it, otherwise NFS.
+fn transports(drives: &[DriveNeed], m: &MachineView, all: &[MachineView]) -> BTreeMap<String, String> {
+    drives
+        .iter()
+        .filter_map(|d| {
+            let node = d.node.as_deref()?;
+            let rdma =
+                |name: &str| all.iter().any(|x| x.name == name && x.transports.iter().any(|t| t == "rdma"));
+            let how = if node == m.name {
+                "local"
+            } else if rdma(node) && m.transports.iter().any(|t| t == "rdma") {
+                "rdma"
+            } else {
+                "nfs"
+            };
+            Some((d.full.clone(), how.to_owned()))
+        })
+        .collect()
+}
+
+/// Every machine with its free resources, data-location room and copies.
+async fn load_machines(tx: &mut sqlx::PgConnection) -> anyhow::Result<Vec<MachineView>> {
+    let mut copies: HashMap<Uuid, HashMap<Uuid, CopyView>> = HashMap::new();
+    for c in store::copies::all(&mut *tx).await? {
+        let view = CopyView {
+            state: CopyState::parse(&c.state),
+            bytes: c.bytes,
+            size_hint: c.size_hint,
+            evictable: c.evictable,
+            in_use: c.in_use,
+            last_used_at: c.last_used_at,
+        };
+        copies.entry(c.machine_id).or_default().insert(c.drive_id, view);
+    }
+    let machines = store::machines::list(&mut *tx).await?;
+    Ok(machines
+        .into_iter()
+        .map(|m| {
+            let copies = copies.remove(&m.id).unwrap_or_default();
+            let data_free = m
+                .data_path
+                .as_ref()
+                .map(|_| snapshot::data_free(m.data_free_bytes, m.data_limit_bytes, &copies));
+            MachineView {
+                id: m.id,
+                name: m.name,
+                cluster: m.cluster,
+                ready: m.state == "Ready",
+                transports: m.transports,
+                cpu_total: m.cpu_millis.into(),
+                memory_total: m.memory_bytes,
+                cpu_free: i64::from(m.cpu_millis - m.cpu_alloc),
+                memory_free: m.memory_bytes - m.memory_alloc,
+                gpus_free: i64::from(m.gpus - m.gpus_alloc),
+                data_free,
+                copies,
+            }
+        })
+        .collect())
 }

@@ -1,10 +1,33 @@
-//! Scores: among machines that fit, which is best. Higher wins.
+//! Scores: among machines that fit, which is best. Higher wins, compared field by field, so a
+//! complete copy of the run's drives outweighs any amount of free space or resources.
 
-use super::snapshot::{MachineView, Request};
+use super::snapshot::{CopyState, MachineView, Request};
 
-/// Prefers the machine with the most room left after the worker, so work spreads out
-/// (kube-scheduler's LeastAllocated): the mean of the cpu and memory shares left free, 0–100.
-pub fn score(m: &MachineView, r: &Request) -> i64 {
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Score {
+    /// The run's placed drives with a complete copy here.
+    pub complete: usize,
+    /// … with a copy being filled here.
+    pub filling: usize,
+    /// Room left for new copies, when the run mounts placed drives.
+    pub data_free: i64,
+    /// 0–100: how much cpu and memory is left after the worker.
+    pub resources: i64,
+}
+
+pub fn score(m: &MachineView, r: &Request) -> Score {
+    let count = |state| r.placed().filter(|d| m.copy_state(d.id) == Some(state)).count();
+    let has_placed = r.placed().next().is_some();
+    Score {
+        complete: count(CopyState::Complete),
+        filling: count(CopyState::Filling),
+        data_free: if has_placed { m.data_free.unwrap_or(0) + m.reclaimable() } else { 0 },
+        resources: least_allocated(m, r),
+    }
+}
+
+/// kube-scheduler's LeastAllocated: the mean of the cpu and memory shares left free, 0–100.
+fn least_allocated(m: &MachineView, r: &Request) -> i64 {
     let left =
         |free: i64, asked: i64, total: i64| if total <= 0 { 0 } else { 100 * (free - asked).max(0) / total };
     (left(m.cpu_free, r.cpu_millis, m.cpu_total) + left(m.memory_free, r.memory_bytes, m.memory_total)) / 2
@@ -12,8 +35,11 @@ pub fn score(m: &MachineView, r: &Request) -> i64 {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::HashMap;
+
     use super::*;
     use crate::domain::task::NodeSelection;
+    use crate::scheduler::snapshot::{CopyView, DriveNeed};
     use uuid::Uuid;
 
     fn machine(cpu_free: i64, memory_free: i64) -> MachineView {
@@ -22,28 +48,76 @@ mod tests {
             name: "m".into(),
             cluster: "main".into(),
             ready: true,
+            transports: vec![],
             cpu_total: 4000,
             memory_total: 8_000,
             cpu_free,
             memory_free,
             gpus_free: 0,
+            data_free: Some(1_000),
+            copies: HashMap::new(),
         }
     }
 
-    #[test]
-    fn the_emptier_machine_scores_higher() {
-        let r = Request {
+    fn request(drives: Vec<DriveNeed>) -> Request {
+        Request {
             cluster: "main".into(),
             cpu_millis: 1000,
             memory_bytes: 2_000,
             gpus: 0,
             selection: NodeSelection::default(),
-        };
+            drives,
+        }
+    }
+
+    fn drive() -> DriveNeed {
+        DriveNeed {
+            id: Uuid::from_u128(1),
+            name: "d".into(),
+            full: "ws.d".into(),
+            scope: Some("placed".into()),
+            node: None,
+            transport: "Auto".into(),
+            size_hint: 10,
+            evictable: false,
+        }
+    }
+
+    fn with_copy(mut m: MachineView, state: CopyState) -> MachineView {
+        let c =
+            CopyView { state, bytes: 10, size_hint: 10, evictable: false, in_use: false, last_used_at: None };
+        m.copies.insert(Uuid::from_u128(1), c);
+        m
+    }
+
+    #[test]
+    fn the_emptier_machine_scores_higher() {
+        let r = request(vec![]);
         // cpu: 100 * (4000 - 1000) / 4000 = 75; memory: 100 * (8000 - 2000) / 8000 = 75; mean 75.
-        assert_eq!(score(&machine(4000, 8_000), &r), 75);
+        assert_eq!(score(&machine(4000, 8_000), &r).resources, 75);
         // cpu: 100 * (2000 - 1000) / 4000 = 25; memory: 100 * (4000 - 2000) / 8000 = 25; mean 25.
-        assert_eq!(score(&machine(2000, 4_000), &r), 25);
+        assert_eq!(score(&machine(2000, 4_000), &r).resources, 25);
         // Nothing left: 0.
-        assert_eq!(score(&machine(1000, 2_000), &r), 0);
+        assert_eq!(score(&machine(1000, 2_000), &r).resources, 0);
+    }
+
+    #[test]
+    fn a_complete_copy_outweighs_a_filling_one_which_outweighs_none() {
+        let r = request(vec![drive()]);
+        let busy_complete = score(&with_copy(machine(1000, 2_000), CopyState::Complete), &r);
+        let idle_filling = score(&with_copy(machine(4000, 8_000), CopyState::Filling), &r);
+        let mut roomy = machine(4000, 8_000);
+        roomy.data_free = Some(1 << 40);
+        let idle_none = score(&roomy, &r);
+        assert!(busy_complete > idle_filling, "{busy_complete:?} {idle_filling:?}");
+        assert!(idle_filling > idle_none, "{idle_filling:?} {idle_none:?}");
+    }
+
+    #[test]
+    fn without_drives_data_space_does_not_count() {
+        let r = request(vec![]);
+        let mut a = machine(4000, 8_000);
+        a.data_free = Some(1 << 40);
+        assert_eq!(score(&a, &r), score(&machine(4000, 8_000), &r));
     }
 }

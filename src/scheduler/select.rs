@@ -1,13 +1,13 @@
 //! Choosing a machine: filter every machine, keep each rejection's reason, score the rest.
 
 use super::filter::fits;
-use super::score::score;
+use super::score::{Score, score};
 use super::snapshot::{MachineView, Request};
 
 /// The index of the best machine, or a reason that sums up every rejection
 /// (`0/3 machines are available: 2 Insufficient cpu (…), 1 NotReady`).
 pub fn select(machines: &[MachineView], r: &Request) -> Result<usize, String> {
-    let mut best: Option<(i64, usize)> = None;
+    let mut best: Option<(Score, usize)> = None;
     let mut reasons: Vec<(String, usize)> = Vec::new();
     for (i, m) in machines.iter().enumerate() {
         match fits(m, r) {
@@ -29,6 +29,12 @@ pub fn select(machines: &[MachineView], r: &Request) -> Result<usize, String> {
     if machines.is_empty() {
         return Err("no machines have joined the cluster yet".into());
     }
+    // One machine's own words read best: "Choose where to keep data on gpu-01".
+    if let [(why, 1)] = reasons.as_slice() {
+        if machines.len() == 1 {
+            return Err(why.clone());
+        }
+    }
     let parts: Vec<String> = reasons.iter().map(|(why, n)| format!("{n} {why}")).collect();
     Err(format!("0/{} machines are available: {}", machines.len(), parts.join(", ")))
 }
@@ -45,6 +51,9 @@ mod tests {
             name: name.into(),
             cluster: "main".into(),
             ready,
+            transports: vec![],
+            data_free: None,
+            copies: Default::default(),
             cpu_total: 4000,
             memory_total: 8_000,
             cpu_free,
@@ -60,6 +69,7 @@ mod tests {
             memory_bytes: 1_000,
             gpus: 0,
             selection: NodeSelection::default(),
+            drives: vec![],
         }
     }
 
@@ -77,5 +87,6 @@ mod tests {
             Err("0/3 machines are available: 2 Insufficient cpu (1 of 2 cores free), 1 NotReady".into())
         );
         assert_eq!(select(&[], &request(1)), Err("no machines have joined the cluster yet".into()));
+        assert_eq!(select(&ms[2..], &request(1)), Err("NotReady".into()));
     }
 }

@@ -1,5 +1,9 @@
 //! What the scheduler decides over: plain structs, read from Postgres by the shell.
 
+use std::collections::HashMap;
+
+use chrono::{DateTime, Utc};
+use serde::Deserialize;
 use uuid::Uuid;
 
 use crate::domain::task::{NodeSelection, SelectionMode};
@@ -11,11 +15,70 @@ pub struct MachineView {
     pub name: String,
     pub cluster: String,
     pub ready: bool,
+    pub transports: Vec<String>,
     pub cpu_total: i64,
     pub memory_total: i64,
     pub cpu_free: i64,
     pub memory_free: i64,
     pub gpus_free: i64,
+    /// Room for new copies in the confirmed data location; `None` when none is confirmed.
+    pub data_free: Option<i64>,
+    /// The copies it holds, by drive.
+    pub copies: HashMap<Uuid, CopyView>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CopyState {
+    Filling,
+    Complete,
+    Failed,
+    Evicting,
+}
+
+impl CopyState {
+    pub fn parse(s: &str) -> CopyState {
+        match s {
+            "Complete" => CopyState::Complete,
+            "Failed" => CopyState::Failed,
+            "Evicting" => CopyState::Evicting,
+            _ => CopyState::Filling,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct CopyView {
+    pub state: CopyState,
+    pub bytes: i64,
+    pub size_hint: i64,
+    pub evictable: bool,
+    /// A worker that has not ended mounts it.
+    pub in_use: bool,
+    pub last_used_at: Option<DateTime<Utc>>,
+}
+
+/// A drive a worker mounts, as placement needs it.
+#[derive(Debug, Clone, Deserialize)]
+pub struct DriveNeed {
+    pub id: Uuid,
+    /// The drive's name, as reasons say it.
+    pub name: String,
+    /// `<namespace>.<drive>`.
+    pub full: String,
+    /// `placed`, `shared` or absent for a drive on one machine.
+    pub scope: Option<String>,
+    /// The machine of a drive on one machine.
+    pub node: Option<String>,
+    /// `Local` pins the worker to `node`.
+    pub transport: String,
+    pub size_hint: i64,
+    pub evictable: bool,
+}
+
+impl DriveNeed {
+    pub fn is_placed(&self) -> bool {
+        self.scope.as_deref() == Some("placed")
+    }
 }
 
 /// What one worker asks for.
@@ -26,6 +89,7 @@ pub struct Request {
     pub memory_bytes: i64,
     pub gpus: i64,
     pub selection: NodeSelection,
+    pub drives: Vec<DriveNeed>,
 }
 
 impl Request {
@@ -35,13 +99,65 @@ impl Request {
             SelectionMode::Exact => self.selection.names.iter().any(|n| n.as_str() == machine),
         }
     }
+
+    pub fn placed(&self) -> impl Iterator<Item = &DriveNeed> {
+        self.drives.iter().filter(|d| d.is_placed())
+    }
 }
 
 impl MachineView {
     /// Takes a bound worker's resources, so later decisions in the same pass see them gone.
-    pub fn take(&mut self, r: &Request) {
-        self.cpu_free -= r.cpu_millis;
-        self.memory_free -= r.memory_bytes;
-        self.gpus_free -= r.gpus;
+    pub fn take(&mut self, cpu_millis: i64, memory_bytes: i64, gpus: i64) {
+        self.cpu_free -= cpu_millis;
+        self.memory_free -= memory_bytes;
+        self.gpus_free -= gpus;
+    }
+
+    /// Bytes that evicting unused, evictable, whole copies would free.
+    pub fn reclaimable(&self) -> i64 {
+        self.copies.values().filter(|c| is_evictable(c)).map(|c| c.bytes).sum()
+    }
+
+    pub fn copy_state(&self, drive: Uuid) -> Option<CopyState> {
+        self.copies.get(&drive).map(|c| c.state)
+    }
+}
+
+pub fn is_evictable(c: &CopyView) -> bool {
+    c.evictable && c.state == CopyState::Complete && !c.in_use
+}
+
+/// Room for new copies: what the disk has free, within the location's limit, less what copies
+/// being filled were promised and have not written yet.
+pub fn data_free(disk_free: i64, limit: Option<i64>, copies: &HashMap<Uuid, CopyView>) -> i64 {
+    let used: i64 = copies.values().map(|c| c.bytes).sum();
+    let promised: i64 = copies
+        .values()
+        .filter(|c| c.state == CopyState::Filling)
+        .map(|c| (c.size_hint - c.bytes).max(0))
+        .sum();
+    let within_limit = limit.map_or(disk_free, |l| disk_free.min(l - used));
+    within_limit - promised
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn copy(state: CopyState, bytes: i64, size_hint: i64) -> CopyView {
+        CopyView { state, bytes, size_hint, evictable: true, in_use: false, last_used_at: None }
+    }
+
+    #[test]
+    fn room_counts_the_limit_and_what_fills_were_promised() {
+        let mut copies = HashMap::new();
+        copies.insert(Uuid::from_u128(1), copy(CopyState::Complete, 3_000, 3_000));
+        copies.insert(Uuid::from_u128(2), copy(CopyState::Filling, 1_000, 6_000));
+        // No limit: 100_000 free on disk, less 6_000 - 1_000 promised = 95_000.
+        assert_eq!(data_free(100_000, None, &copies), 95_000);
+        // Limit 10_000: 10_000 - 4_000 used = 6_000, less 5_000 promised = 1_000.
+        assert_eq!(data_free(100_000, Some(10_000), &copies), 1_000);
+        // The disk is the tighter bound: 2_000 free, less 5_000 promised = -3_000.
+        assert_eq!(data_free(2_000, Some(10_000), &copies), -3_000);
     }
 }

@@ -1,8 +1,10 @@
 //! Postgres access: one file per table; each query takes an executor and returns domain types.
 
 pub mod clusters;
+pub mod copies;
 pub mod drives;
 pub mod events;
+pub mod fills;
 pub mod grants;
 pub mod join_tokens;
 pub mod logs;

@@ -50,33 +50,43 @@ pub async fn using_drive(db: impl PgExecutor<'_>, drive: Uuid) -> sqlx::Result<V
     .await
 }
 
-/// Places a Pending worker on a machine, taking its resources there. The conditional UPDATE
-/// refuses when the machine lacks room or is not Ready, so it is never over-committed.
+/// What binding a worker to a machine takes there.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Charge {
+    pub cpu_millis: i64,
+    pub memory_bytes: i64,
+    pub gpus: i64,
+}
+
+/// Places a Pending worker on a machine, taking `charge` there. The conditional UPDATE refuses
+/// when the machine lacks room or is not Ready, so it is never over-committed.
 /// Returns false when the worker was not bound.
 pub async fn bind(
     tx: &mut PgConnection,
     worker: Uuid,
     machine: Uuid,
+    charge: Charge,
     released: bool,
     reason: &str,
 ) -> sqlx::Result<bool> {
     let bound: Option<Uuid> = sqlx::query_scalar(
-        "WITH w AS (SELECT cpu_millis, memory_bytes, gpus FROM workers WHERE id = $1 AND state = 'Pending'),
-         m AS (
-             UPDATE machines SET cpu_alloc = cpu_alloc + w.cpu_millis,
-                 memory_alloc = memory_alloc + w.memory_bytes, gpus_alloc = gpus_alloc + w.gpus
-             FROM w
-             WHERE machines.id = $2 AND machines.state = 'Ready'
-               AND machines.cpu_alloc + w.cpu_millis <= machines.cpu_millis
-               AND machines.memory_alloc + w.memory_bytes <= machines.memory_bytes
-               AND machines.gpus_alloc + w.gpus <= machines.gpus
-             RETURNING machines.id)
-         UPDATE workers SET machine_id = (SELECT id FROM m), state = 'Preparing', reason = $3, released = $4
+        "WITH m AS (
+             UPDATE machines SET cpu_alloc = cpu_alloc + $3, memory_alloc = memory_alloc + $4,
+                 gpus_alloc = gpus_alloc + $5
+             WHERE id = $2 AND state = 'Ready' AND cpu_alloc + $3 <= cpu_millis
+               AND memory_alloc + $4 <= memory_bytes AND gpus_alloc + $5 <= gpus
+               AND EXISTS (SELECT 1 FROM workers WHERE id = $1 AND state = 'Pending')
+             RETURNING id)
+         UPDATE workers SET machine_id = (SELECT id FROM m), state = 'Preparing', reason = $6, released = $7,
+             cpu_charged = $3, memory_charged = $4, gpus_charged = $5
          WHERE id = $1 AND state = 'Pending' AND EXISTS (SELECT 1 FROM m)
          RETURNING id",
     )
     .bind(worker)
     .bind(machine)
+    .bind(charge.cpu_millis as i32)
+    .bind(charge.memory_bytes)
+    .bind(charge.gpus as i32)
     .bind(reason)
     .bind(released)
     .fetch_optional(&mut *tx)
@@ -120,10 +130,10 @@ pub async fn finish(
         "WITH w AS (
              UPDATE workers SET state = $3, reason = $4, exit_code = $5, finished_at = now()
              WHERE id = $1 AND ($2::uuid IS NULL OR machine_id = $2) AND state NOT IN ('Completed', 'Failed')
-             RETURNING run_id, machine_id, cpu_millis, memory_bytes, gpus),
+             RETURNING run_id, machine_id, cpu_charged, memory_charged, gpus_charged),
          m AS (
-             UPDATE machines SET cpu_alloc = cpu_alloc - w.cpu_millis,
-                 memory_alloc = memory_alloc - w.memory_bytes, gpus_alloc = gpus_alloc - w.gpus
+             UPDATE machines SET cpu_alloc = cpu_alloc - w.cpu_charged,
+                 memory_alloc = memory_alloc - w.memory_charged, gpus_alloc = gpus_alloc - w.gpus_charged
              FROM w WHERE machines.id = w.machine_id)
          SELECT run_id FROM w",
     )
@@ -142,7 +152,8 @@ pub async fn release_run(tx: &mut PgConnection, run: Uuid) -> sqlx::Result<Vec<U
     sqlx::query("SELECT 1 FROM workers WHERE run_id = $1 FOR UPDATE").bind(run).execute(&mut *tx).await?;
     sqlx::query_scalar(
         "WITH held AS (
-             SELECT machine_id, sum(cpu_millis)::int AS cpu, sum(memory_bytes)::bigint AS mem, sum(gpus)::int AS gpus
+             SELECT machine_id, sum(cpu_charged)::int AS cpu, sum(memory_charged)::bigint AS mem,
+                 sum(gpus_charged)::int AS gpus
              FROM workers WHERE run_id = $1 AND machine_id IS NOT NULL AND state NOT IN ('Completed', 'Failed')
              GROUP BY machine_id)
          UPDATE machines SET cpu_alloc = cpu_alloc - held.cpu, memory_alloc = memory_alloc - held.mem,
@@ -197,13 +208,17 @@ pub struct AssignmentRow {
     pub namespace: String,
     pub run_name: String,
     pub spec: Json<RunSpec>,
+    /// For a fill's worker: the name of the drive it fills.
+    pub fill_drive: Option<String>,
 }
 
 /// The released workers of a machine that have not ended: what its agent should be running.
 pub async fn assigned_to(db: impl PgExecutor<'_>, machine: Uuid) -> sqlx::Result<Vec<AssignmentRow>> {
     sqlx::query_as(
-        "SELECT w.id, w.name, w.state, w.workspace_id, s.name AS namespace, r.name AS run_name, r.spec
+        "SELECT w.id, w.name, w.state, w.workspace_id, s.name AS namespace, r.name AS run_name, r.spec,
+             fd.name AS fill_drive
          FROM workers w JOIN runs r ON r.id = w.run_id JOIN workspaces s ON s.id = w.workspace_id
+         LEFT JOIN drives fd ON fd.id = r.fill_drive_id
          WHERE w.machine_id = $1 AND w.released AND w.state IN ('Preparing', 'Running')
          ORDER BY w.id",
     )
@@ -218,23 +233,79 @@ pub struct PendingRow {
     pub id: Uuid,
     pub reason: String,
     pub spec: Json<RunSpec>,
-    /// Full names of the mounted drives whose copies live in data locations.
-    pub placed_drives: Vec<String>,
+    /// The drives the run mounts, as the scheduler needs them.
+    pub drives: Json<Vec<crate::scheduler::snapshot::DriveNeed>>,
+    /// For a fill's worker: the drive it fills.
+    pub fill_drive_id: Option<Uuid>,
 }
 
+/// Fills' workers first: they unblock the workers waiting for them.
 pub async fn claim_pending(tx: &mut PgConnection, limit: i64) -> sqlx::Result<Vec<PendingRow>> {
     sqlx::query_as(
-        "SELECT w.id, w.reason, r.spec,
-             ARRAY(SELECT s.name || '.' || d.name FROM run_mounts m JOIN drives d ON d.id = m.drive_id
-                   JOIN workspaces s ON s.id = d.workspace_id
-                   WHERE m.run_id = r.id AND d.spec #>> '{sources,0,node_scope}' = 'placed'
-                   ORDER BY d.name) AS placed_drives
+        "SELECT w.id, w.reason, r.spec, r.fill_drive_id,
+             COALESCE((SELECT jsonb_agg(jsonb_build_object(
+                     'id', d.id, 'name', d.name, 'full', s.name || '.' || d.name,
+                     'scope', d.spec #>> '{sources,0,node_scope}', 'node', d.spec #>> '{sources,0,node}',
+                     'transport', COALESCE(d.spec ->> 'transport', 'Auto'),
+                     'size_hint', COALESCE((d.spec ->> 'size_hint_bytes')::bigint, 0),
+                     'evictable', COALESCE((d.spec ->> 'evictable')::boolean, false)) ORDER BY d.name)
+                 FROM run_mounts m JOIN drives d ON d.id = m.drive_id JOIN workspaces s ON s.id = d.workspace_id
+                 WHERE m.run_id = r.id), '[]'::jsonb) AS drives
          FROM workers w JOIN runs r ON r.id = w.run_id
-         WHERE w.state = 'Pending' ORDER BY w.created_at, w.id LIMIT $1 FOR UPDATE OF w SKIP LOCKED",
+         WHERE w.state = 'Pending'
+         ORDER BY r.fill_drive_id IS NULL, w.created_at, w.id LIMIT $1 FOR UPDATE OF w SKIP LOCKED",
     )
     .bind(limit)
     .fetch_all(&mut *tx)
     .await
+}
+
+/// What the workers waiting on the machine for a drive hold: they lend it to the drive's fill.
+pub async fn waiting_charge(db: impl PgExecutor<'_>, machine: Uuid, drive: Uuid) -> sqlx::Result<Charge> {
+    let (cpu, memory, gpus): (i64, i64, i64) = sqlx::query_as(
+        "SELECT COALESCE(sum(w.cpu_charged), 0)::bigint, COALESCE(sum(w.memory_charged), 0)::bigint,
+                COALESCE(sum(w.gpus_charged), 0)::bigint
+         FROM workers w JOIN run_mounts m ON m.run_id = w.run_id
+         WHERE w.machine_id = $1 AND m.drive_id = $2 AND w.state = 'Preparing' AND NOT w.released",
+    )
+    .bind(machine)
+    .bind(drive)
+    .fetch_one(db)
+    .await?;
+    Ok(Charge { cpu_millis: cpu, memory_bytes: memory, gpus })
+}
+
+/// Releases the machine's waiting workers whose placed drives all have whole copies there;
+/// returns them. Called when a copy completes, and by the fill controller as a safety net.
+pub async fn release_ready(db: impl PgExecutor<'_>, machine: Uuid) -> sqlx::Result<Vec<Uuid>> {
+    sqlx::query_scalar(
+        "UPDATE workers w SET released = true, reason = 'Starting on ' || mc.name
+         FROM machines mc
+         WHERE w.machine_id = $1 AND mc.id = w.machine_id AND w.state = 'Preparing' AND NOT w.released
+           AND NOT EXISTS (
+               SELECT 1 FROM run_mounts rm JOIN drives d ON d.id = rm.drive_id
+               LEFT JOIN copies c ON c.drive_id = rm.drive_id AND c.machine_id = w.machine_id
+               WHERE rm.run_id = w.run_id AND d.spec #>> '{sources,0,node_scope}' = 'placed'
+                 AND c.state IS DISTINCT FROM 'Complete')
+         RETURNING w.id",
+    )
+    .bind(machine)
+    .fetch_all(db)
+    .await
+}
+
+/// Records how each drive of a bound worker is reached (`local`, `nfs`, `rdma`).
+pub async fn set_transports(
+    db: impl PgExecutor<'_>,
+    worker: Uuid,
+    transports: &std::collections::BTreeMap<String, String>,
+) -> sqlx::Result<()> {
+    sqlx::query("UPDATE workers SET transports = $2 WHERE id = $1")
+        .bind(worker)
+        .bind(Json(transports))
+        .execute(db)
+        .await
+        .map(drop)
 }
 
 /// Whether the worker is bound to the machine.
@@ -249,4 +320,14 @@ pub async fn is_on_machine(db: impl PgExecutor<'_>, worker: Uuid, machine: Uuid)
 /// The worker's state; `None` once it is gone (its run was deleted).
 pub async fn state(db: impl PgExecutor<'_>, worker: Uuid) -> sqlx::Result<Option<WorkerState>> {
     sqlx::query_scalar("SELECT state FROM workers WHERE id = $1").bind(worker).fetch_optional(db).await
+}
+
+/// Sets the reason of a worker that waits on its machine.
+pub async fn set_waiting_reason(db: impl PgExecutor<'_>, worker: Uuid, reason: &str) -> sqlx::Result<()> {
+    sqlx::query("UPDATE workers SET reason = $2 WHERE id = $1 AND state = 'Preparing' AND NOT released")
+        .bind(worker)
+        .bind(reason)
+        .execute(db)
+        .await
+        .map(drop)
 }

@@ -1,1 +1,126 @@
+use crate::drives::assert_refused;
 use crate::helpers::*;
+
+const VALUE: &str = "s3cr3t-value";
+
+fn hf_secret() -> serde_json::Value {
+    json!({"metadata": {"name": "hf"}, "data": {"HF_TOKEN": VALUE}})
+}
+
+async fn create_secret(app: &TestApp, body: &serde_json::Value) -> Reply {
+    app.post("/secrets", body).await
+}
+
+async fn secret_count(app: &TestApp) -> i64 {
+    sqlx::query_scalar("select count(*) from secrets").fetch_one(&app.db).await.unwrap()
+}
+
+#[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
+async fn a_secret_shows_its_keys_but_never_its_values(db: sqlx::PgPool) {
+    let app = spawn_app(db).await;
+    let reply = create_secret(&app, &hf_secret()).await;
+    assert_eq!(reply.status, 201, "{}", reply.text);
+    assert_eq!(reply.json()["metadata"]["name"], "hf");
+    assert_eq!(reply.json()["metadata"]["namespace"], "default");
+    assert_eq!(reply.json()["keys"], json!(["HF_TOKEN"]));
+    assert!(!reply.text.contains(VALUE), "create: {}", reply.text);
+
+    let reply = app.get("/secrets/hf").await;
+    assert_eq!(reply.status, 200, "{}", reply.text);
+    assert_eq!(reply.json()["keys"], json!(["HF_TOKEN"]));
+    assert!(!reply.text.contains(VALUE), "get: {}", reply.text);
+
+    let reply = app.get("/secrets").await;
+    assert_eq!(reply.status, 200, "{}", reply.text);
+    assert_eq!(reply.json()["items"][0]["keys"], json!(["HF_TOKEN"]));
+    assert!(!reply.text.contains(VALUE), "list: {}", reply.text);
+}
+
+#[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
+async fn a_secret_value_is_not_stored_in_clear(db: sqlx::PgPool) {
+    let app = spawn_app(db).await;
+    assert_eq!(create_secret(&app, &hf_secret()).await.status, 201);
+
+    let sealed: Vec<u8> = sqlx::query_scalar("select sealed from secrets").fetch_one(&app.db).await.unwrap();
+    assert!(!sealed.is_empty());
+    assert!(!sealed.windows(VALUE.len()).any(|w| w == VALUE.as_bytes()), "the sealed bytes hold the value");
+
+    let rows: Vec<String> =
+        sqlx::query_scalar("select s::text from secrets s").fetch_all(&app.db).await.unwrap();
+    assert_eq!(rows.len(), 1);
+    assert!(rows[0].contains("HF_TOKEN"), "{}", rows[0]);
+    assert!(!rows[0].contains(VALUE), "{}", rows[0]);
+    let hex: String = VALUE.bytes().map(|b| format!("{b:02x}")).collect();
+    assert!(!rows[0].contains(&hex), "the row holds the value in hex: {}", rows[0]);
+}
+
+#[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
+async fn secret_keys_must_be_variable_names(db: sqlx::PgPool) {
+    let app = spawn_app(db).await;
+    let body = json!({"metadata": {"name": "hf"}, "data": {"1BAD": VALUE}});
+    let reply = create_secret(&app, &body).await;
+    assert_refused(&reply, 422, "data.1BAD", "is not a variable name");
+    assert!(!reply.text.contains(VALUE), "{}", reply.text);
+
+    let body = json!({"metadata": {"name": "hf"}, "data": {"HF-TOKEN": VALUE}});
+    assert_refused(&create_secret(&app, &body).await, 422, "data.HF-TOKEN", "is not a variable name");
+
+    let body = json!({"metadata": {"name": "hf"}, "data": {"HF_TOKEN": "a\u{0}b"}});
+    assert_refused(&create_secret(&app, &body).await, 422, "data.HF_TOKEN", "without NUL");
+    assert_eq!(secret_count(&app).await, 0);
+}
+
+#[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
+async fn a_secret_needs_at_least_one_key(db: sqlx::PgPool) {
+    let app = spawn_app(db).await;
+    let reply = create_secret(&app, &json!({"metadata": {"name": "hf"}, "data": {}})).await;
+    assert_refused(&reply, 422, "data", "must hold between 1 and 256 keys");
+    let reply = create_secret(&app, &json!({"metadata": {"name": "hf"}})).await;
+    assert_refused(&reply, 422, "data", "is required");
+    let reply = create_secret(&app, &json!({"metadata": {"name": "Hf"}, "data": {"HF_TOKEN": VALUE}})).await;
+    assert_refused(&reply, 422, "metadata.name", "not a DNS label");
+    let body = json!({"metadata": {"name": "hf"}, "data": {"HF_TOKEN": VALUE}, "colour": "red"});
+    assert_refused(&create_secret(&app, &body).await, 400, "colour", "unknown field");
+    assert_eq!(secret_count(&app).await, 0);
+}
+
+#[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
+async fn a_secret_name_can_be_used_once(db: sqlx::PgPool) {
+    let app = spawn_app(db).await;
+    assert_eq!(create_secret(&app, &hf_secret()).await.status, 201);
+    let reply = create_secret(&app, &hf_secret()).await;
+    assert_eq!(reply.status, 409, "{}", reply.text);
+    assert_eq!(reply.json()["error"]["code"], "conflict");
+    assert!(reply.message().contains("secret hf already exists"), "{}", reply.text);
+    assert!(!reply.text.contains(VALUE), "{}", reply.text);
+    assert_eq!(secret_count(&app).await, 1);
+}
+
+#[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
+async fn a_deleted_secret_is_gone(db: sqlx::PgPool) {
+    let app = spawn_app(db).await;
+    assert_eq!(create_secret(&app, &hf_secret()).await.status, 201);
+    let reply = app.delete("/secrets/hf").await;
+    assert_eq!(reply.status, 204, "{}", reply.text);
+    let reply = app.get("/secrets/hf").await;
+    assert_eq!(reply.status, 404, "{}", reply.text);
+    assert!(reply.message().contains("secret hf not found"), "{}", reply.text);
+    let reply = app.delete("/secrets/hf").await;
+    assert_eq!(reply.status, 404, "{}", reply.text);
+    assert_eq!(secret_count(&app).await, 0);
+}
+
+#[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
+async fn a_run_can_reference_a_secret(db: sqlx::PgPool) {
+    let app = spawn_app(db).await;
+    assert_eq!(app.create_drive(&recipe_drive()).await.status, 201);
+    assert_eq!(create_secret(&app, &hf_secret()).await.status, 201);
+    let mut run = recipe_run();
+    run["spec"]["task_template"]["secret_refs"] = json!([{"name": "hf"}]);
+    let reply = app.create_run(&run).await;
+    assert_eq!(reply.status, 201, "{}", reply.text);
+    assert_eq!(reply.json()["spec"]["task_template"]["secret_refs"], json!([{"name": "hf"}]));
+    assert!(!reply.text.contains(VALUE), "{}", reply.text);
+    let reply = app.get_run("inspect-food101").await;
+    assert!(!reply.text.contains(VALUE), "{}", reply.text);
+}

@@ -1,0 +1,106 @@
+//! The fill controller: exactly one fill run per drive and machine that needs a copy, filled
+//! again when the copy is still not whole, and the waiting workers released when it is.
+//! `plan` decides; this shell reads what it needs and applies the changes in one transaction.
+
+pub mod plan;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use chrono::Utc;
+use sqlx::PgPool;
+
+use crate::domain::Name;
+use crate::domain::run::RunSpec;
+use crate::domain::task::{NodeSelection, SelectionMode};
+use crate::hub;
+use crate::scheduler::snapshot::CopyState;
+use crate::store;
+use plan::{Change, Fill, Waiting};
+
+/// Applies one round of changes; returns how many, and when a refill falls due.
+pub async fn tick(db: &PgPool, refill_after: Duration) -> anyhow::Result<(usize, Option<Duration>)> {
+    let mut tx = db.begin().await?;
+    // One fill controller at a time: its reads and writes must not interleave with another's.
+    sqlx::query("SELECT pg_advisory_xact_lock(7261)").execute(&mut *tx).await?;
+    let waiting: Vec<Waiting> = store::fills::waiting(&mut *tx)
+        .await?
+        .into_iter()
+        .map(|w| Waiting { worker: w.worker, machine: w.machine, drive: w.drive, reason: w.reason })
+        .collect();
+    let copies: HashMap<_, _> = store::copies::all(&mut *tx)
+        .await?
+        .into_iter()
+        .map(|c| ((c.drive_id, c.machine_id), CopyState::parse(&c.state)))
+        .collect();
+    let fills: Vec<Fill> = store::fills::list(&mut *tx)
+        .await?
+        .into_iter()
+        .map(|f| Fill {
+            run: f.run,
+            drive: f.drive,
+            machine: f.machine,
+            state: f.state,
+            last_worker: f.last_worker,
+            finished_at: f.finished_at,
+        })
+        .collect();
+    let (changes, next) = plan::plan(&waiting, &copies, &fills, Utc::now(), refill_after);
+    for change in &changes {
+        apply(&mut tx, change).await?;
+    }
+    if !changes.is_empty() {
+        hub::request_schedule(&mut *tx).await?;
+    }
+    tx.commit().await?;
+    Ok((changes.len(), next))
+}
+
+async fn apply(tx: &mut sqlx::PgConnection, change: &Change) -> anyhow::Result<()> {
+    match *change {
+        Change::EnsureCopy { drive, machine } => store::copies::ensure_for(&mut *tx, drive, machine).await?,
+        Change::CreateFill { drive, machine } => create_fill(tx, drive, machine).await?,
+        Change::Refill { run } => {
+            tracing::info!(%run, "the copy is still not whole: filling again");
+            store::fills::add_worker(tx, run).await?;
+            store::workers::refresh_run(tx, run).await?;
+        }
+        Change::FailCopy { drive, machine } => {
+            store::copies::set_state(&mut *tx, drive, machine, "Failed").await?
+        }
+        Change::RetryCopy { drive, machine } => {
+            store::copies::set_state(&mut *tx, drive, machine, "Filling").await?
+        }
+        Change::DropCopy { drive, machine } => store::copies::evict(&mut *tx, machine, &[drive]).await?,
+        Change::Reason { worker, ref reason } => {
+            store::workers::set_waiting_reason(&mut *tx, worker, reason).await?
+        }
+        Change::Release { machine } => {
+            if !store::workers::release_ready(&mut *tx, machine).await?.is_empty() {
+                store::machines::touch_assignments(&mut *tx, &[machine]).await?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `fill-<drive>-<machine>`: the drive's fill template, pinned to the machine.
+async fn create_fill(
+    tx: &mut sqlx::PgConnection,
+    drive: uuid::Uuid,
+    machine: uuid::Uuid,
+) -> anyhow::Result<()> {
+    let Some(src) = store::fills::source(&mut *tx, drive, machine).await? else { return Ok(()) };
+    let Some(fill) = &src.drive_spec.0.fill else { return Ok(()) };
+    let mut template = fill.template.clone();
+    template.requested_resources.node_selection = NodeSelection {
+        mode: SelectionMode::Exact,
+        names: vec![Name::parse(&src.machine_name).map_err(anyhow::Error::msg)?],
+    };
+    let spec = RunSpec { cluster: src.drive_spec.0.cluster.clone(), replicas: 1, task_template: template };
+    let name = format!("fill-{}-{}", src.drive_name, src.machine_name);
+    if store::fills::insert(tx, src.workspace_id, &name, &spec, drive, machine).await? {
+        tracing::info!(fill = %name, "fill run created");
+    }
+    Ok(())
+}

@@ -1,0 +1,236 @@
+//! The fill controller's decisions, as a pure function of what is observed and the time.
+
+use std::collections::{BTreeSet, HashMap};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use uuid::Uuid;
+
+use crate::domain::run::RunState;
+use crate::scheduler::snapshot::CopyState;
+
+/// A worker bound to `machine` that waits for a whole copy of `drive` there.
+#[derive(Debug, Clone)]
+pub struct Waiting {
+    pub worker: Uuid,
+    pub machine: Uuid,
+    pub drive: Uuid,
+    pub reason: String,
+}
+
+/// A drive's fill run on a machine.
+#[derive(Debug, Clone)]
+pub struct Fill {
+    pub run: Uuid,
+    pub drive: Uuid,
+    pub machine: Uuid,
+    pub state: RunState,
+    /// Its newest worker, and when that worker ended.
+    pub last_worker: String,
+    pub finished_at: Option<DateTime<Utc>>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Change {
+    /// A waiting worker's drive has no copy there (it was evicted): make one.
+    EnsureCopy { drive: Uuid, machine: Uuid },
+    /// A copy is being filled and nothing fills it.
+    CreateFill { drive: Uuid, machine: Uuid },
+    /// The fill completed but the copy is still not whole after the interval: fill again.
+    Refill { run: Uuid },
+    /// The fill failed: the copy failed with it, until the fill run is deleted.
+    FailCopy { drive: Uuid, machine: Uuid },
+    /// The failed fill run was deleted: fill the copy again.
+    RetryCopy { drive: Uuid, machine: Uuid },
+    /// No worker waits for this partial copy any more: remove it.
+    DropCopy { drive: Uuid, machine: Uuid },
+    /// Tell a waiting worker why it still waits.
+    Reason { worker: Uuid, reason: String },
+    /// Whole copies are here: start the workers that waited for them.
+    Release { machine: Uuid },
+}
+
+/// What to change now, and when to look again for a refill that is not due yet.
+pub fn plan(
+    waiting: &[Waiting],
+    copies: &HashMap<(Uuid, Uuid), CopyState>,
+    fills: &[Fill],
+    now: DateTime<Utc>,
+    refill_after: Duration,
+) -> (Vec<Change>, Option<Duration>) {
+    let mut changes = BTreeSet::new();
+    let mut next: Option<Duration> = None;
+    let fill_of: HashMap<(Uuid, Uuid), &Fill> = fills.iter().map(|f| ((f.drive, f.machine), f)).collect();
+    let mut waiters: HashMap<(Uuid, Uuid), Vec<&Waiting>> = HashMap::new();
+    for w in waiting {
+        waiters.entry((w.drive, w.machine)).or_default().push(w);
+    }
+    let mut keys: BTreeSet<(Uuid, Uuid)> = copies.keys().copied().collect();
+    keys.extend(waiters.keys().copied());
+    for key @ (drive, machine) in keys {
+        let waits = waiters.get(&key).map(Vec::as_slice).unwrap_or_default();
+        let fill = fill_of.get(&key);
+        let failed = copies.get(&key) == Some(&CopyState::Failed);
+        for w in waits {
+            let reason = match fill {
+                Some(f) if failed => failed_reason(w, f),
+                _ => base_reason(w).to_owned(),
+            };
+            if w.reason != reason {
+                changes.insert(Change::Reason { worker: w.worker, reason });
+            }
+        }
+        match copies.get(&key) {
+            None => {
+                changes.insert(Change::EnsureCopy { drive, machine });
+            }
+            Some(CopyState::Complete) => {
+                if !waits.is_empty() {
+                    changes.insert(Change::Release { machine });
+                }
+            }
+            Some(CopyState::Evicting) => {}
+            Some(CopyState::Filling) => match fill {
+                None if waits.is_empty() => {
+                    changes.insert(Change::DropCopy { drive, machine });
+                }
+                None => {
+                    changes.insert(Change::CreateFill { drive, machine });
+                }
+                Some(f) if f.state == RunState::Failed => {
+                    changes.insert(Change::FailCopy { drive, machine });
+                }
+                Some(f) if f.state == RunState::Completed => {
+                    let due = f.finished_at.map_or(now, |t| t + refill_after);
+                    if due <= now {
+                        changes.insert(Change::Refill { run: f.run });
+                    } else {
+                        let wait = (due - now).to_std().unwrap_or_default();
+                        next = Some(next.map_or(wait, |n| n.min(wait)));
+                    }
+                }
+                Some(_) => {}
+            },
+            Some(CopyState::Failed) => match fill {
+                None if waits.is_empty() => {
+                    changes.insert(Change::DropCopy { drive, machine });
+                }
+                None => {
+                    changes.insert(Change::RetryCopy { drive, machine });
+                }
+                Some(_) => {}
+            },
+        }
+    }
+    (changes.into_iter().collect(), next)
+}
+
+const FAILED: &str = ": its fill failed";
+
+/// The reason without what a failed fill added to it.
+fn base_reason(w: &Waiting) -> &str {
+    w.reason.split(FAILED).next().unwrap_or(&w.reason)
+}
+
+/// Points a waiting worker at the logs of the fill that failed.
+fn failed_reason(w: &Waiting, f: &Fill) -> String {
+    format!("{}{FAILED}, read its logs: astra astraeus logs {}", base_reason(w), f.last_worker)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono::TimeZone;
+
+    const MIN: Duration = Duration::from_secs(60);
+
+    fn id(n: u128) -> Uuid {
+        Uuid::from_u128(n)
+    }
+
+    fn now() -> DateTime<Utc> {
+        Utc.with_ymd_and_hms(2026, 12, 1, 12, 0, 0).unwrap()
+    }
+
+    fn waiting() -> Waiting {
+        Waiting {
+            worker: id(9),
+            machine: id(2),
+            drive: id(1),
+            reason: "Waiting for drive default.food101 to be filled on gpu-01".into(),
+        }
+    }
+
+    fn fill(state: RunState, ended_minutes_ago: Option<i64>) -> Fill {
+        Fill {
+            run: id(5),
+            drive: id(1),
+            machine: id(2),
+            state,
+            last_worker: "fill-food101-gpu-01-0".into(),
+            finished_at: ended_minutes_ago.map(|m| now() - chrono::Duration::minutes(m)),
+        }
+    }
+
+    fn run(waiting: &[Waiting], copy: Option<CopyState>, fills: &[Fill]) -> (Vec<Change>, Option<Duration>) {
+        let copies = copy.map(|c| HashMap::from([((id(1), id(2)), c)])).unwrap_or_default();
+        plan(waiting, &copies, fills, now(), 10 * MIN)
+    }
+
+    #[test]
+    fn a_copy_being_filled_gets_exactly_one_fill() {
+        let (changes, _) = run(&[waiting(), waiting()], Some(CopyState::Filling), &[]);
+        assert_eq!(changes, vec![Change::CreateFill { drive: id(1), machine: id(2) }]);
+        let (changes, _) = run(&[waiting()], Some(CopyState::Filling), &[fill(RunState::Running, None)]);
+        assert!(changes.is_empty());
+    }
+
+    #[test]
+    fn a_whole_copy_releases_its_waiting_workers() {
+        let (changes, _) =
+            run(&[waiting()], Some(CopyState::Complete), &[fill(RunState::Completed, Some(1))]);
+        assert_eq!(changes, vec![Change::Release { machine: id(2) }]);
+    }
+
+    #[test]
+    fn a_fill_without_its_marker_runs_again_after_the_interval() {
+        // Ended 4 minutes ago: due in 10 - 4 = 6 minutes.
+        let (changes, next) =
+            run(&[waiting()], Some(CopyState::Filling), &[fill(RunState::Completed, Some(4))]);
+        assert!(changes.is_empty());
+        assert_eq!(next, Some(6 * MIN));
+        let (changes, _) =
+            run(&[waiting()], Some(CopyState::Filling), &[fill(RunState::Completed, Some(10))]);
+        assert_eq!(changes, vec![Change::Refill { run: id(5) }]);
+    }
+
+    #[test]
+    fn a_failed_fill_stays_failed_and_points_at_its_logs_until_deleted() {
+        let (changes, _) = run(&[waiting()], Some(CopyState::Filling), &[fill(RunState::Failed, Some(1))]);
+        assert_eq!(changes, vec![Change::FailCopy { drive: id(1), machine: id(2) }]);
+        let (changes, _) = run(&[waiting()], Some(CopyState::Failed), &[fill(RunState::Failed, Some(1))]);
+        let reason = "Waiting for drive default.food101 to be filled on gpu-01: its fill failed, \
+                      read its logs: astra astraeus logs fill-food101-gpu-01-0";
+        assert_eq!(changes, vec![Change::Reason { worker: id(9), reason: reason.into() }]);
+        // Deleting the failed fill run makes it again, and the reason says so no more.
+        let told = Waiting { reason: reason.into(), ..waiting() };
+        let (changes, _) = run(&[told], Some(CopyState::Failed), &[]);
+        assert_eq!(
+            changes,
+            vec![
+                Change::RetryCopy { drive: id(1), machine: id(2) },
+                Change::Reason { worker: id(9), reason: waiting().reason },
+            ]
+        );
+    }
+
+    #[test]
+    fn partial_copies_nobody_waits_for_are_dropped_and_missing_ones_made() {
+        let (changes, _) = run(&[], Some(CopyState::Filling), &[]);
+        assert_eq!(changes, vec![Change::DropCopy { drive: id(1), machine: id(2) }]);
+        let (changes, _) = run(&[waiting()], None, &[]);
+        assert_eq!(changes, vec![Change::EnsureCopy { drive: id(1), machine: id(2) }]);
+        let (changes, _) = run(&[], Some(CopyState::Complete), &[]);
+        assert!(changes.is_empty());
+    }
+}

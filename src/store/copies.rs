@@ -1,0 +1,188 @@
+//! The `copies` table: each drive's copy on each machine, and how whole it is.
+
+use chrono::{DateTime, Utc};
+use sqlx::{PgConnection, PgExecutor};
+use uuid::Uuid;
+
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct CopyRecord {
+    pub drive_id: Uuid,
+    pub machine_id: Uuid,
+    pub machine: String,
+    pub data_path: Option<String>,
+    pub state: String,
+    pub bytes: i64,
+    pub size_hint: i64,
+    pub evictable: bool,
+    pub last_used_at: Option<DateTime<Utc>>,
+    /// Whether a worker that has not ended mounts the drive on that machine.
+    pub in_use: bool,
+}
+
+const SELECT: &str =
+    "SELECT c.drive_id, c.machine_id, m.name AS machine, m.data_path, c.state, c.bytes, c.size_hint,
+        c.evictable, c.last_used_at,
+        EXISTS (SELECT 1 FROM workers w JOIN run_mounts rm ON rm.run_id = w.run_id
+                WHERE rm.drive_id = c.drive_id AND w.machine_id = c.machine_id
+                  AND w.state NOT IN ('Completed', 'Failed')) AS in_use
+    FROM copies c JOIN machines m ON m.id = c.machine_id";
+
+pub async fn for_drive(db: impl PgExecutor<'_>, drive: Uuid) -> sqlx::Result<Vec<CopyRecord>> {
+    sqlx::query_as(&format!("{SELECT} WHERE c.drive_id = $1 ORDER BY m.name")).bind(drive).fetch_all(db).await
+}
+
+pub async fn for_drives(db: impl PgExecutor<'_>, drives: &[Uuid]) -> sqlx::Result<Vec<CopyRecord>> {
+    sqlx::query_as(&format!("{SELECT} WHERE c.drive_id = ANY($1) ORDER BY m.name"))
+        .bind(drives)
+        .fetch_all(db)
+        .await
+}
+
+pub async fn all(db: impl PgExecutor<'_>) -> sqlx::Result<Vec<CopyRecord>> {
+    sqlx::query_as(SELECT).fetch_all(db).await
+}
+
+/// Makes sure the drive has a copy row on the machine (Filling, holding `size_hint` of room).
+pub async fn ensure(
+    db: impl PgExecutor<'_>,
+    drive: Uuid,
+    machine: Uuid,
+    size_hint: i64,
+    evictable: bool,
+) -> sqlx::Result<()> {
+    sqlx::query(
+        "INSERT INTO copies (id, drive_id, machine_id, size_hint, evictable) VALUES ($1, $2, $3, $4, $5)
+         ON CONFLICT ON CONSTRAINT copies_drive_machine_key DO NOTHING",
+    )
+    .bind(Uuid::now_v7())
+    .bind(drive)
+    .bind(machine)
+    .bind(size_hint)
+    .bind(evictable)
+    .execute(db)
+    .await
+    .map(drop)
+}
+
+/// Marks copies for removal; the agent deletes their folders and the rows go once it reports
+/// them gone.
+pub async fn evict(db: impl PgExecutor<'_>, machine: Uuid, drives: &[Uuid]) -> sqlx::Result<()> {
+    sqlx::query("UPDATE copies SET state = 'Evicting' WHERE machine_id = $1 AND drive_id = ANY($2)")
+        .bind(machine)
+        .bind(drives)
+        .execute(db)
+        .await
+        .map(drop)
+}
+
+pub async fn set_state(db: impl PgExecutor<'_>, drive: Uuid, machine: Uuid, state: &str) -> sqlx::Result<()> {
+    sqlx::query(
+        "UPDATE copies SET state = $3 WHERE drive_id = $1 AND machine_id = $2 AND state <> 'Evicting'",
+    )
+    .bind(drive)
+    .bind(machine)
+    .bind(state)
+    .execute(db)
+    .await
+    .map(drop)
+}
+
+/// Records that workers started on these copies.
+pub async fn touch_used(db: impl PgExecutor<'_>, machine: Uuid, drives: &[Uuid]) -> sqlx::Result<()> {
+    sqlx::query("UPDATE copies SET last_used_at = now() WHERE machine_id = $1 AND drive_id = ANY($2)")
+        .bind(machine)
+        .bind(drives)
+        .execute(db)
+        .await
+        .map(drop)
+}
+
+/// What a heartbeat changes, and what the agent should delete.
+#[derive(Debug, Default)]
+pub struct Reconciled {
+    /// Copies that just became whole.
+    pub completed: Vec<Uuid>,
+    /// Folders under `drives/` to delete: no copy is wanted there, or it is being evicted.
+    pub delete: Vec<String>,
+}
+
+/// Applies an agent's report of its copies (folder, bytes, marker present).
+pub async fn reconcile(
+    tx: &mut PgConnection,
+    machine: Uuid,
+    folders: &[String],
+    bytes: &[i64],
+    complete: &[bool],
+) -> sqlx::Result<Reconciled> {
+    // Map each reported folder `<namespace>.<drive>` to a drive and update its copy.
+    let rows: Vec<(String, Option<Uuid>, Option<String>, bool)> = sqlx::query_as(
+        "WITH r AS (SELECT * FROM unnest($2::text[], $3::bigint[], $4::bool[]) AS r(folder, bytes, complete)),
+         d AS (SELECT r.*, dr.id AS drive_id FROM r
+               LEFT JOIN workspaces s ON s.name = split_part(r.folder, '.', 1)
+               LEFT JOIN drives dr ON dr.workspace_id = s.id AND dr.name = substr(r.folder, length(s.name) + 2)),
+         old AS (SELECT c.drive_id, c.state FROM copies c JOIN d ON d.drive_id = c.drive_id
+                 WHERE c.machine_id = $1 FOR UPDATE OF c),
+         up AS (UPDATE copies c SET bytes = d.bytes,
+                    state = CASE WHEN c.state = 'Evicting' THEN 'Evicting'
+                                 WHEN d.complete THEN 'Complete'
+                                 WHEN c.state = 'Complete' THEN 'Filling'
+                                 ELSE c.state END,
+                    completed_at = CASE WHEN d.complete AND c.state <> 'Complete' THEN now() ELSE c.completed_at END
+                FROM d WHERE c.machine_id = $1 AND c.drive_id = d.drive_id
+                RETURNING c.drive_id, c.state)
+         SELECT d.folder, d.drive_id, up.state, COALESCE((SELECT o.state <> 'Complete' FROM old o
+                WHERE o.drive_id = d.drive_id), false) AS was_incomplete
+         FROM d LEFT JOIN up ON up.drive_id = d.drive_id",
+    )
+    .bind(machine)
+    .bind(folders)
+    .bind(bytes)
+    .bind(complete)
+    .fetch_all(&mut *tx)
+    .await?;
+    let mut out = Reconciled::default();
+    for (folder, drive, state, was_incomplete) in rows {
+        match (drive, state.as_deref()) {
+            (Some(d), Some("Complete")) if was_incomplete => out.completed.push(d),
+            (_, None) | (_, Some("Evicting")) => out.delete.push(folder),
+            _ => {}
+        }
+    }
+    // Copies the agent no longer has: evicted ones are gone; whole ones must be filled again.
+    sqlx::query(
+        "DELETE FROM copies c USING drives dr, workspaces s
+         WHERE c.machine_id = $1 AND c.state = 'Evicting' AND dr.id = c.drive_id AND s.id = dr.workspace_id
+           AND NOT (s.name || '.' || dr.name = ANY($2))",
+    )
+    .bind(machine)
+    .bind(folders)
+    .execute(&mut *tx)
+    .await?;
+    sqlx::query(
+        "UPDATE copies c SET state = 'Filling', bytes = 0 FROM drives dr, workspaces s
+         WHERE c.machine_id = $1 AND c.state = 'Complete' AND dr.id = c.drive_id AND s.id = dr.workspace_id
+           AND NOT (s.name || '.' || dr.name = ANY($2))",
+    )
+    .bind(machine)
+    .bind(folders)
+    .execute(&mut *tx)
+    .await?;
+    Ok(out)
+}
+
+/// Makes sure the drive has a copy row on the machine, sized from the drive's spec.
+pub async fn ensure_for(db: impl PgExecutor<'_>, drive: Uuid, machine: Uuid) -> sqlx::Result<()> {
+    sqlx::query(
+        "INSERT INTO copies (id, drive_id, machine_id, size_hint, evictable)
+         SELECT $1, d.id, $3, COALESCE((d.spec ->> 'size_hint_bytes')::bigint, 0),
+             COALESCE((d.spec ->> 'evictable')::boolean, false)
+         FROM drives d WHERE d.id = $2
+         ON CONFLICT ON CONSTRAINT copies_drive_machine_key DO NOTHING",
+    )
+    .bind(Uuid::now_v7())
+    .bind(drive)
+    .bind(machine)
+    .execute(db)
+    .await
+    .map(drop)
+}

@@ -1,0 +1,127 @@
+//! Fill runs (`runs` rows with a drive and a machine) and the workers that wait for them.
+
+use chrono::{DateTime, Utc};
+use sqlx::types::Json;
+use sqlx::{PgConnection, PgExecutor};
+use uuid::Uuid;
+
+use crate::domain::run::{RunSpec, RunState};
+
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct WaitingRow {
+    pub worker: Uuid,
+    pub machine: Uuid,
+    pub drive: Uuid,
+    pub reason: String,
+}
+
+/// Bound, unreleased workers and each placed drive they mount.
+pub async fn waiting(db: impl PgExecutor<'_>) -> sqlx::Result<Vec<WaitingRow>> {
+    sqlx::query_as(
+        "SELECT w.id AS worker, w.machine_id AS machine, d.id AS drive, w.reason
+         FROM workers w JOIN run_mounts rm ON rm.run_id = w.run_id JOIN drives d ON d.id = rm.drive_id
+         WHERE w.state = 'Preparing' AND NOT w.released AND w.machine_id IS NOT NULL
+           AND d.spec #>> '{sources,0,node_scope}' = 'placed'",
+    )
+    .fetch_all(db)
+    .await
+}
+
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct FillRow {
+    pub run: Uuid,
+    pub drive: Uuid,
+    pub machine: Uuid,
+    pub state: RunState,
+    pub last_worker: String,
+    pub finished_at: Option<DateTime<Utc>>,
+}
+
+pub async fn list(db: impl PgExecutor<'_>) -> sqlx::Result<Vec<FillRow>> {
+    sqlx::query_as(
+        "SELECT r.id AS run, r.fill_drive_id AS drive, r.fill_machine_id AS machine, r.state,
+             w.name AS last_worker, w.finished_at
+         FROM runs r JOIN LATERAL (
+             SELECT name, finished_at FROM workers WHERE run_id = r.id ORDER BY index DESC LIMIT 1) w ON true
+         WHERE r.fill_drive_id IS NOT NULL",
+    )
+    .fetch_all(db)
+    .await
+}
+
+/// Everything a fill run is made from.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct FillSource {
+    pub workspace_id: Uuid,
+    pub drive_name: String,
+    pub drive_spec: Json<crate::domain::drive::DriveSpec>,
+    pub machine_name: String,
+}
+
+pub async fn source(db: impl PgExecutor<'_>, drive: Uuid, machine: Uuid) -> sqlx::Result<Option<FillSource>> {
+    sqlx::query_as(
+        "SELECT d.workspace_id, d.name AS drive_name, d.spec AS drive_spec, m.name AS machine_name
+         FROM drives d, machines m WHERE d.id = $1 AND m.id = $2",
+    )
+    .bind(drive)
+    .bind(machine)
+    .fetch_optional(db)
+    .await
+}
+
+/// Creates the drive's one fill run on the machine, with its first worker Pending; `false` when
+/// it exists already (the unique index decides, whichever replica gets there first).
+pub async fn insert(
+    tx: &mut PgConnection,
+    workspace: Uuid,
+    name: &str,
+    spec: &RunSpec,
+    drive: Uuid,
+    machine: Uuid,
+) -> sqlx::Result<bool> {
+    let run: Option<Uuid> = sqlx::query_scalar(
+        "INSERT INTO runs (id, workspace_id, name, cluster, spec, fill_drive_id, fill_machine_id)
+         VALUES ($1, $2, $3, $4, $5, $6, $7)
+         ON CONFLICT (fill_drive_id, fill_machine_id) WHERE fill_drive_id IS NOT NULL DO NOTHING
+         RETURNING id",
+    )
+    .bind(Uuid::now_v7())
+    .bind(workspace)
+    .bind(name)
+    .bind(spec.cluster.as_str())
+    .bind(Json(spec))
+    .bind(drive)
+    .bind(machine)
+    .fetch_optional(&mut *tx)
+    .await?;
+    match run {
+        Some(run) => add_worker(tx, run).await.map(|_| true),
+        None => Ok(false),
+    }
+}
+
+/// Adds the run's next worker (`<run>-<n>`), Pending, with the task's resources.
+pub async fn add_worker(tx: &mut PgConnection, run: Uuid) -> sqlx::Result<()> {
+    sqlx::query(
+        "INSERT INTO workers (id, run_id, workspace_id, name, index, cpu_millis, memory_bytes, gpus)
+         SELECT $2, r.id, r.workspace_id, r.name || '-' || n.i, n.i,
+             round((r.spec #>> '{task_template,requested_resources,cpu_cores}')::numeric * 1000)::int,
+             (r.spec #>> '{task_template,requested_resources,memory_bytes}')::bigint,
+             COALESCE((r.spec #>> '{task_template,requested_resources,gpus}')::int, 0)
+         FROM runs r, (SELECT COALESCE(max(index) + 1, 0) AS i FROM workers WHERE run_id = $1) n
+         WHERE r.id = $1",
+    )
+    .bind(run)
+    .bind(Uuid::now_v7())
+    .execute(&mut *tx)
+    .await
+    .map(drop)
+}
+
+/// Locks the drive's fill runs; returns them.
+pub async fn lock_for_drive(tx: &mut PgConnection, drive: Uuid) -> sqlx::Result<Vec<Uuid>> {
+    sqlx::query_scalar("SELECT id FROM runs WHERE fill_drive_id = $1 FOR UPDATE")
+        .bind(drive)
+        .fetch_all(tx)
+        .await
+}

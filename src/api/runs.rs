@@ -5,6 +5,7 @@ use std::collections::{HashMap, HashSet};
 use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
+use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
@@ -54,6 +55,8 @@ pub struct RunStatus {
     pub state: RunState,
     /// Why, in a person's words: `Waiting for workers to start`, `1 of 1 workers running`, …
     pub reason: String,
+    /// When the state or reason last changed.
+    pub updated_at: DateTime<Utc>,
     /// The run's workers; only when one run is read.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub workers: Option<Vec<Worker>>,
@@ -69,7 +72,7 @@ fn to_object(namespace: &str, r: RunRecord, workers: Option<Vec<Worker>>) -> Run
             labels: r.labels.0,
         },
         spec: r.spec.0,
-        status: RunStatus { state: r.state, reason: r.reason, workers },
+        status: RunStatus { state: r.state, reason: r.reason, updated_at: r.updated_at, workers },
     }
 }
 

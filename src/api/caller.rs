@@ -51,8 +51,9 @@ impl FromRequestParts<AppState> for Caller {
         let bearer = value
             .to_str()
             .ok()
-            .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
-            .map(str::trim)
+            .and_then(|v| v.split_once(' '))
+            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+            .map(|(_, token)| token.trim())
             .ok_or_else(|| {
                 ApiError::Unauthorized("the Authorization header must be: Bearer <token>".into())
             })?;
@@ -61,7 +62,9 @@ impl FromRequestParts<AppState> for Caller {
             TokenError::Invalid(why) => ApiError::Unauthorized(format!("the token is not valid ({why})")),
         })?;
         if !store::tokens::is_active(&app.db, claims.jti).await? {
-            return Err(ApiError::Unauthorized("the token has been revoked".into()));
+            return Err(ApiError::Unauthorized(
+                "the token has been revoked, or was never issued here".into(),
+            ));
         }
         Ok(Caller {
             token_id: claims.jti,

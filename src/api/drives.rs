@@ -14,7 +14,7 @@ use super::error::{ApiError, ErrorBody, on_constraint};
 use super::extract::{Body, Params};
 use super::list::{List, ListParams};
 use super::meta::ObjectMeta;
-use super::{AppState, workers::WorkerRef};
+use super::{AppState, secrets, workers::WorkerRef};
 use crate::domain::drive::{DriveSpec, Location, full_name};
 use crate::domain::meta::MetaInput;
 use crate::domain::path::AbsPath;
@@ -141,6 +141,9 @@ pub async fn create(
         ));
     }
     check_grant(&app, &caller, &input.spec).await?;
+    if let Some(fill) = &input.spec.fill {
+        secrets::check_refs(&app, &caller, &fill.template.secret_refs, "spec.fill.template").await?;
+    }
     let name = input.metadata.name.as_str();
     let record =
         store::drives::insert(&app.db, caller.workspace_id, name, &input.metadata.labels, &input.spec)

@@ -1,7 +1,7 @@
 //! One error type for every route, answered as `{"error": {"code", "message", "fields"}}`.
 
 use axum::Json;
-use axum::http::StatusCode;
+use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use utoipa::ToSchema;
@@ -120,6 +120,11 @@ impl IntoResponse for ApiError {
             }
             other => (other.to_string(), vec![]),
         };
-        (status, Json(ErrorBody { error: ErrorDetail { code, message, fields } })).into_response()
+        let body = Json(ErrorBody { error: ErrorDetail { code, message, fields } });
+        if status == StatusCode::UNAUTHORIZED {
+            // RFC 6750: say which scheme the API expects.
+            return (status, [(header::WWW_AUTHENTICATE, "Bearer")], body).into_response();
+        }
+        (status, body).into_response()
     }
 }

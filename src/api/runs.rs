@@ -17,11 +17,12 @@ use super::error::{ApiError, ErrorBody, on_constraint};
 use super::extract::{Body, Params};
 use super::list::{List, ListParams};
 use super::meta::ObjectMeta;
+use super::secrets;
 use super::workers::{self, Worker};
 use crate::domain::meta::MetaInput;
 use crate::domain::role::Role;
 use crate::domain::run::{RunSpec, RunState};
-use crate::domain::{FieldError, Name, Problems};
+use crate::domain::{Name, Problems};
 use crate::hub;
 use crate::store::{self, drives::DriveRecord, runs::RunRecord};
 
@@ -133,22 +134,7 @@ pub async fn create(
     if !store::clusters::exists(&app.db, spec.cluster.as_str()).await? {
         return Err(ApiError::invalid("spec.cluster", format!("cluster {} does not exist", spec.cluster)));
     }
-    let secret_names: Vec<String> =
-        spec.task_template.secret_refs.iter().map(|s| s.name.to_string()).collect();
-    let found: HashSet<String> =
-        store::secrets::existing(&app.db, caller.workspace_id, &secret_names).await?.into_iter().collect();
-    let missing: Vec<FieldError> = secret_names
-        .iter()
-        .enumerate()
-        .filter(|(_, n)| !found.contains(*n))
-        .map(|(i, n)| FieldError {
-            path: format!("spec.task_template.secret_refs[{i}].name"),
-            message: format!("secret {n} does not exist"),
-        })
-        .collect();
-    if !missing.is_empty() {
-        return Err(ApiError::Invalid(missing));
-    }
+    secrets::check_refs(&app, &caller, &spec.task_template.secret_refs, "spec.task_template").await?;
 
     let mut tx = app.db.begin().await?;
     let drive_names: Vec<String> =

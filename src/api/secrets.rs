@@ -1,6 +1,6 @@
 //! `/secrets`: values go in and are never read back; only their keys are shown.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 
 use axum::Json;
 use axum::extract::{Path, State};
@@ -20,8 +20,8 @@ use super::list::{List, ListParams};
 use crate::auth::seal;
 use crate::domain::meta::MetaInput;
 use crate::domain::role::Role;
-use crate::domain::task::is_env_name;
-use crate::domain::{Name, Problems};
+use crate::domain::task::{SecretRef, is_env_name};
+use crate::domain::{FieldError, Name, Problems};
 use crate::store::{self, secrets::SecretRecord};
 
 pub fn router() -> OpenApiRouter<AppState> {
@@ -64,6 +64,28 @@ fn to_object(namespace: &str, r: SecretRecord) -> Secret {
         },
         keys: r.keys,
     }
+}
+
+/// 422 for each of `refs` (the `secret_refs` of the task at `at`) that names no secret.
+pub async fn check_refs(
+    app: &AppState,
+    caller: &Caller,
+    refs: &[SecretRef],
+    at: &str,
+) -> Result<(), ApiError> {
+    let names: Vec<String> = refs.iter().map(|s| s.name.to_string()).collect();
+    let found: HashSet<String> =
+        store::secrets::existing(&app.db, caller.workspace_id, &names).await?.into_iter().collect();
+    let missing: Vec<FieldError> = names
+        .iter()
+        .enumerate()
+        .filter(|(_, n)| !found.contains(*n))
+        .map(|(i, n)| FieldError {
+            path: format!("{at}.secret_refs[{i}].name"),
+            message: format!("secret {n} does not exist"),
+        })
+        .collect();
+    if missing.is_empty() { Ok(()) } else { Err(ApiError::Invalid(missing)) }
 }
 
 /// Create a secret.
@@ -144,6 +166,9 @@ pub async fn delete(
     Path(name): Path<String>,
 ) -> Result<StatusCode, ApiError> {
     caller.require(Role::Editor, "delete secrets")?;
+    if let Some(user) = store::secrets::user(&app.db, caller.workspace_id, &name).await? {
+        return Err(ApiError::Conflict(format!("secret {name} is used by {user}: delete it first")));
+    }
     let deleted = match Name::parse(&name) {
         Ok(n) => store::secrets::delete(&app.db, caller.workspace_id, n.as_str()).await?,
         Err(_) => false,

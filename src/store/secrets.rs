@@ -86,3 +86,20 @@ pub async fn sealed(db: impl PgExecutor<'_>, workspace: Uuid, name: &str) -> sql
         .fetch_optional(db)
         .await
 }
+
+/// A run not yet ended, or a drive's fill, that references the secret: `run NAME` / `drive NAME`.
+pub async fn user(db: impl PgExecutor<'_>, workspace: Uuid, name: &str) -> sqlx::Result<Option<String>> {
+    let refs = serde_json::json!([{ "name": name }]);
+    sqlx::query_scalar(
+        "(SELECT 'run ' || name FROM runs WHERE workspace_id = $1 AND state NOT IN ('Completed', 'Failed')
+             AND spec #> '{task_template,secret_refs}' @> $2 LIMIT 1)
+         UNION ALL
+         (SELECT 'drive ' || name FROM drives WHERE workspace_id = $1
+             AND spec #> '{fill,template,secret_refs}' @> $2 LIMIT 1)
+         LIMIT 1",
+    )
+    .bind(workspace)
+    .bind(refs)
+    .fetch_optional(db)
+    .await
+}

@@ -124,3 +124,33 @@ async fn a_run_can_reference_a_secret(db: sqlx::PgPool) {
     let reply = app.get_run("inspect-food101").await;
     assert!(!reply.text.contains(VALUE), "{}", reply.text);
 }
+
+#[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
+async fn a_secret_in_use_cannot_be_deleted(db: sqlx::PgPool) {
+    let app = spawn_app(db).await;
+    assert_eq!(app.create_drive(&recipe_drive()).await.status, 201);
+    assert_eq!(create_secret(&app, &hf_secret()).await.status, 201);
+    let mut run = recipe_run();
+    run["spec"]["task_template"]["secret_refs"] = json!([{"name": "hf"}]);
+    assert_eq!(app.create_run(&run).await.status, 201);
+    let reply = app.delete("/secrets/hf").await;
+    assert_eq!(reply.status, 409, "{}", reply.text);
+    assert_eq!(reply.message(), "secret hf is used by run inspect-food101: delete it first");
+    // Once the run has ended the secret may go.
+    sqlx::query("update runs set state = 'Completed'").execute(&app.db).await.unwrap();
+    assert_eq!(app.delete("/secrets/hf").await.status, 204);
+}
+
+#[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
+async fn a_fill_must_name_secrets_that_exist_and_keeps_them(db: sqlx::PgPool) {
+    let app = spawn_app(db).await;
+    let mut drive = recipe_drive();
+    drive["spec"]["fill"]["template"]["secret_refs"] = json!([{"name": "hf"}]);
+    let reply = app.create_drive(&drive).await;
+    assert_refused(&reply, 422, "spec.fill.template.secret_refs[0].name", "secret hf does not exist");
+    assert_eq!(create_secret(&app, &hf_secret()).await.status, 201);
+    assert_eq!(app.create_drive(&drive).await.status, 201);
+    let reply = app.delete("/secrets/hf").await;
+    assert_eq!(reply.status, 409, "{}", reply.text);
+    assert_eq!(reply.message(), "secret hf is used by drive food101: delete it first");
+}

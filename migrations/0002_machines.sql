@@ -1,4 +1,4 @@
--- Machines, their join tokens, and what the agents report: worker placement, logs, events.
+-- Machines, their join tokens, and what the agents report: worker placement and logs.
 
 -- Join tokens are opaque; only a SHA-256 of each is kept.
 CREATE TABLE join_tokens (
@@ -60,13 +60,3 @@ CREATE TABLE worker_logs (
     line       text NOT NULL
 );
 CREATE INDEX worker_logs_worker_idx ON worker_logs (worker_id, id);
-
-CREATE TABLE worker_events (
-    id         bigserial PRIMARY KEY,
-    worker_id  uuid NOT NULL REFERENCES workers (id) ON DELETE CASCADE,
-    at         timestamptz NOT NULL DEFAULT now(),
-    type       text NOT NULL,
-    reason     text NOT NULL,
-    message    text NOT NULL
-);
-CREATE INDEX worker_events_worker_idx ON worker_events (worker_id, id);

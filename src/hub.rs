@@ -16,12 +16,15 @@ use uuid::Uuid;
 pub const MACHINE: &str = "astraeus_machine";
 pub const WORKER: &str = "astraeus_worker";
 pub const SCHEDULE: &str = "astraeus_schedule";
+pub const CHANGE: &str = "astraeus_change";
 
 #[derive(Default)]
 pub struct Hub {
     waiters: Mutex<HashMap<(&'static str, Uuid), Weak<Notify>>>,
     /// Pending work may now fit somewhere: a new run, freed resources, a machine back.
     pub schedule: Notify,
+    /// A watched object changed (the payload names its kind; watchers re-read their own).
+    pub changes: Notify,
 }
 
 impl Hub {
@@ -42,6 +45,10 @@ impl Hub {
     pub fn wake(&self, channel: &str, payload: &str) {
         if channel == SCHEDULE {
             self.schedule.notify_one();
+            return;
+        }
+        if channel == CHANGE {
+            self.changes.notify_waiters();
             return;
         }
         let Ok(id) = payload.parse::<Uuid>() else { return };
@@ -74,7 +81,7 @@ impl Hub {
 
     async fn listen_once(&self, db: &PgPool) -> sqlx::Result<()> {
         let mut listener = PgListener::connect_with(db).await?;
-        listener.listen_all([MACHINE, WORKER, SCHEDULE]).await?;
+        listener.listen_all([MACHINE, WORKER, SCHEDULE, CHANGE]).await?;
         loop {
             let n = listener.recv().await?;
             self.wake(n.channel(), n.payload());

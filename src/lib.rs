@@ -8,6 +8,8 @@ pub mod agent;
 pub mod api;
 /// Signing keys, bearer tokens and sealed secrets.
 pub mod auth;
+/// `astra`, the command-line client of the REST API: one file per command group.
+pub mod cli;
 /// Control loops: liveness (and, with the scheduler, placement).
 pub mod controllers;
 /// `astraeus dev`: a private Postgres, the server and local agents in one process tree.
@@ -16,6 +18,8 @@ pub mod dev;
 pub mod domain;
 /// Wake-ups across replicas (LISTEN/NOTIFY) for the tasks waiting in this process.
 pub mod hub;
+/// Prometheus metrics.
+pub mod observe;
 /// What agents and the server send each other.
 pub mod protocol;
 /// Placing workers on machines.

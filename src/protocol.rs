@@ -83,6 +83,10 @@ pub struct HeartbeatResponse {
 pub struct Assignments {
     pub version: i64,
     pub workers: Vec<Assignment>,
+    /// The machine's confirmed data location as of this answer, where the workers' copies live.
+    /// A worker can be assigned before the next heartbeat tells the agent of a new confirmation.
+    #[serde(default)]
+    pub data_location: Option<String>,
 }
 
 /// A worker the agent should be running, with everything it needs to run it.

@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::api::{self, AppState};
 use crate::auth::Keys;
-use crate::controllers::liveness;
+use crate::controllers::{janitor, liveness};
 use crate::scheduler;
 use crate::settings::{ControllerArgs, ServeArgs};
 use crate::store;
@@ -32,6 +32,16 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             stop.cancel();
         }
     });
+    if let Some(addr) = args.metrics_listen {
+        let metrics = TcpListener::bind(addr).await.with_context(|| format!("cannot listen on {addr}"))?;
+        tracing::info!(address = %addr, "serving /metrics");
+        let (router, stop) = (api::metrics_router(app.clone()), stop.clone());
+        tokio::spawn(async move {
+            let _ = axum::serve(metrics, router)
+                .with_graceful_shutdown(async move { stop.cancelled().await })
+                .await;
+        });
+    }
     listen(listener, app, stop).await?;
     loops.join_all().await;
     tracing::info!("stopped");
@@ -52,6 +62,7 @@ pub fn start_loops(app: &AppState, c: &ControllerArgs, stop: &CancellationToken)
     });
     let refill_after = Duration::from_secs(c.refill_after_seconds);
     set.spawn(scheduler::run(app.db.clone(), app.hub.clone(), refill_after, stop.clone()));
+    set.spawn(janitor::run(app.db.clone(), stop.clone()));
     set.spawn(liveness::run(app.db.clone(), Duration::from_secs(c.heartbeat_grace_seconds), stop.clone()));
     set
 }

@@ -67,6 +67,9 @@ pub struct ServeArgs {
     /// Ed25519 PKCS#8 PEM file that signs tokens (make one with `astraeus admin keygen`).
     #[arg(long, env = "ASTRAEUS_SIGNING_KEY_FILE")]
     pub signing_key_file: PathBuf,
+    /// Also serve `/metrics` here without a token, for Prometheus (on the API it needs an admin token).
+    #[arg(long, env = "ASTRAEUS_METRICS_LISTEN")]
+    pub metrics_listen: Option<SocketAddr>,
     #[command(flatten)]
     pub controllers: ControllerArgs,
 }

@@ -116,6 +116,15 @@ async fn assignment_loop(client: Client, shared: Arc<Shared>, stop: Cancellation
             }
         };
         version = assignments.version;
+        // The location as of these assignments: a heartbeat may not have brought it yet.
+        let data = match &assignments.data_location {
+            Some(dir) => {
+                let dir = PathBuf::from(dir);
+                *shared.data_location.lock().expect("not poisoned") = Some(dir.clone());
+                Some(dir)
+            }
+            None => shared.data_location.lock().expect("not poisoned").clone(),
+        };
         for id in finished.lock().expect("not poisoned").drain(..) {
             running.remove(&id);
         }
@@ -134,9 +143,8 @@ async fn assignment_loop(client: Client, shared: Arc<Shared>, stop: Cancellation
             }
             let token = stop.child_token();
             running.insert(id, token.clone());
-            let (client, shared, finished, a) = (client.clone(), shared.clone(), finished.clone(), a.clone());
+            let (client, data, finished, a) = (client.clone(), data.clone(), finished.clone(), a.clone());
             tokio::spawn(async move {
-                let data = shared.data_location.lock().expect("not poisoned").clone();
                 worker::run(&client, a, data, token).await;
                 finished.lock().expect("not poisoned").push(id);
             });

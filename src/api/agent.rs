@@ -20,6 +20,7 @@ use crate::auth::machine::{self, verify_credential};
 use crate::auth::seal;
 use crate::domain::Problems;
 use crate::domain::drive::{Location, full_name};
+use crate::domain::quantity::human_bytes;
 use crate::domain::run::WorkerState;
 use crate::hub;
 use crate::protocol::{
@@ -140,16 +141,24 @@ async fn heartbeat(
     let folders: Vec<String> = req.copies.iter().map(|c| c.drive.clone()).collect();
     let bytes: Vec<i64> = req.copies.iter().map(|c| clamp(c.bytes)).collect();
     let complete: Vec<bool> = req.copies.iter().map(|c| c.complete).collect();
+    metrics::counter!("astraeus_heartbeats_total").increment(1);
     let mut tx = app.db.begin().await?;
     let beat = store::machines::heartbeat(&mut *tx, caller.id, &usage)
         .await?
         .ok_or_else(|| ApiError::Unauthorized(format!("machine {} is not registered", caller.name)))?;
     let copies = store::copies::reconcile(&mut tx, caller.id, &folders, &bytes, &complete).await?;
+    for (drive, bytes) in &copies.completed {
+        metrics::counter!("astraeus_fill_bytes_total").increment((*bytes).max(0) as u64);
+        let why =
+            format!("the copy on {} is complete ({})", caller.name, human_bytes((*bytes).max(0) as u64));
+        store::events::record_for_drive(&mut *tx, *drive, false, "FillCompleted", &why, "agent").await?;
+    }
     if !copies.completed.is_empty() {
         // The marker is there: the workers waiting for these copies start now, not at the next pass.
         let released = store::workers::release_ready(&mut *tx, caller.id).await?;
         if !released.is_empty() {
-            store::copies::touch_used(&mut *tx, caller.id, &copies.completed).await?;
+            let drives: Vec<Uuid> = copies.completed.iter().map(|(d, _)| *d).collect();
+            store::copies::touch_used(&mut *tx, caller.id, &drives).await?;
             store::machines::touch_assignments(&mut *tx, &[caller.id]).await?;
         }
         hub::request_schedule(&mut *tx).await?;
@@ -198,7 +207,9 @@ async fn assignments(
     for row in rows {
         workers.push(assignment(&app, row).await?);
     }
-    Ok(Json(Assignments { version, workers }))
+    // Read after the workers: a worker placed there was placed after its location was confirmed.
+    let data_location = store::machines::get(&app.db, caller.id).await?.and_then(|m| m.data_path);
+    Ok(Json(Assignments { version, workers, data_location }))
 }
 
 /// Turns a worker row into what the agent runs: mounts resolved, secrets opened.
@@ -306,12 +317,30 @@ async fn report_status(
     let Some(run) = run else {
         return Ok(Json(Ack { accepted: false }));
     };
-    for e in &report.events {
-        let kind = if e.kind == "Warning" { "Warning" } else { "Normal" };
-        store::events::add(&mut *tx, id, kind, &e.reason, &e.message).await?;
+    if let Some((workspace, name)) = store::workers::identity(&mut *tx, id).await? {
+        let source = format!("agent/{}", caller.name);
+        for e in &report.events {
+            let event = store::events::New {
+                workspace: Some(workspace),
+                object_kind: "worker",
+                object_name: &name,
+                warning: e.kind == "Warning",
+                reason: &e.reason,
+                message: &e.message,
+                source: &source,
+            };
+            store::events::record(&mut *tx, &event).await?;
+        }
     }
     store::workers::refresh_run(&mut tx, run).await?;
     hub::worker_changed(&mut *tx, id).await?;
+    if report.state.is_terminal() {
+        if let Some(took) = store::fills::ended(&mut *tx, run, id).await? {
+            let outcome = if report.state == WorkerState::Completed { "completed" } else { "failed" };
+            metrics::counter!("astraeus_fills_total", "outcome" => outcome).increment(1);
+            metrics::histogram!("astraeus_fill_duration_seconds").record(took);
+        }
+    }
     if report.state.is_terminal() {
         hub::request_schedule(&mut *tx).await?;
         store::machines::touch_assignments(&mut *tx, &[caller.id]).await?;

@@ -2,7 +2,8 @@
 
 use axum::Json;
 use axum::extract::{Path, State};
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
@@ -14,6 +15,7 @@ use super::error::{ApiError, ErrorBody, on_constraint};
 use super::extract::{Body, Params};
 use super::list::{List, ListParams};
 use super::meta::ObjectMeta;
+use super::watch::{self, Kind};
 use super::{AppState, secrets, workers::WorkerRef};
 use crate::domain::drive::{DriveSpec, Location, full_name};
 use crate::domain::meta::MetaInput;
@@ -158,13 +160,24 @@ pub async fn create(
 pub async fn list(
     State(app): State<AppState>,
     caller: Caller,
+    headers: HeaderMap,
     Params(params): Params<ListParams>,
-) -> Result<Json<List<Drive>>, ApiError> {
+) -> Result<Response, ApiError> {
     let page = params.page()?;
+    if params.watch {
+        let initial = match params.resource_version {
+            Some(_) => vec![],
+            None => store::drives::list(&app.db, caller.workspace_id, watch::ALL).await?,
+        };
+        let names = initial.into_iter().rev().map(|r| r.name).collect();
+        return watch::stream(app, caller, Kind::Drives, params.resource_version, names, &headers).await;
+    }
+    let version = store::changes::latest(&app.db).await?;
     let rows = store::drives::list(&app.db, caller.workspace_id, page).await?;
     let ids: Vec<_> = rows.iter().map(|r| r.id).collect();
     let copies = store::copies::for_drives(&app.db, &ids).await?;
-    Ok(Json(List::from_rows(rows, page, |r| r.id, |r| to_object(&caller, r, &copies, vec![]))))
+    let list = List::from_rows(rows, page, |r| r.id, |r| to_object(&caller, r, &copies, vec![]));
+    Ok(Json(list.at(version)).into_response())
 }
 
 async fn find(app: &AppState, caller: &Caller, name: &str) -> Result<DriveRecord, ApiError> {
@@ -183,10 +196,15 @@ pub async fn get(
     caller: Caller,
     Path(name): Path<String>,
 ) -> Result<Json<Drive>, ApiError> {
-    let record = find(&app, &caller, &name).await?;
+    load(&app, &caller, &name).await.map(Json)
+}
+
+/// One drive with its copies and the workers that use it.
+pub async fn load(app: &AppState, caller: &Caller, name: &str) -> Result<Drive, ApiError> {
+    let record = find(app, caller, name).await?;
     let used_by = store::workers::using_drive(&app.db, record.id).await?;
     let copies = store::copies::for_drive(&app.db, record.id).await?;
-    Ok(Json(to_object(&caller, record, &copies, used_by.into_iter().map(WorkerRef::from).collect())))
+    Ok(to_object(caller, record, &copies, used_by.into_iter().map(WorkerRef::from).collect()))
 }
 
 /// Delete a drive. Refused while a worker that has not ended mounts it.

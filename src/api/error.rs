@@ -23,6 +23,8 @@ pub enum ApiError {
     #[error("{0}")]
     Conflict(String),
     #[error("{0}")]
+    Gone(String),
+    #[error("{0}")]
     PayloadTooLarge(String),
     #[error("{0}")]
     UnsupportedMediaType(String),
@@ -43,7 +45,7 @@ pub struct ErrorBody {
 #[derive(Debug, Serialize, ToSchema)]
 pub struct ErrorDetail {
     /// Stable, machine-readable: `bad_request`, `unauthorized`, `forbidden`, `not_found`,
-    /// `method_not_allowed`, `conflict`, `payload_too_large`, `unsupported_media_type`,
+    /// `method_not_allowed`, `conflict`, `gone`, `payload_too_large`, `unsupported_media_type`,
     /// `invalid`, `unavailable`, `internal`.
     pub code: &'static str,
     pub message: String,
@@ -68,6 +70,7 @@ impl ApiError {
             ApiError::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
             ApiError::MethodNotAllowed(_) => (StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed"),
             ApiError::Conflict(_) => (StatusCode::CONFLICT, "conflict"),
+            ApiError::Gone(_) => (StatusCode::GONE, "gone"),
             ApiError::PayloadTooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large"),
             ApiError::UnsupportedMediaType(_) => {
                 (StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type")

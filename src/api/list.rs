@@ -21,6 +21,13 @@ pub struct ListParams {
     /// Runs only: also completed and failed runs.
     #[serde(default)]
     pub all: bool,
+    /// Stream changes (newline-delimited JSON, or server-sent events with
+    /// `Accept: text/event-stream`) instead of answering a page.
+    #[serde(default)]
+    pub watch: bool,
+    /// With `watch`: the changes after this version (a list's `resource_version`); without it,
+    /// every current object first, as ADDED. 410 when it is too old: list again.
+    pub resource_version: Option<i64>,
 }
 
 impl ListParams {
@@ -43,6 +50,9 @@ pub struct List<T> {
     /// Pass as `cursor` for the next page; absent on the last page.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub next: Option<Uuid>,
+    /// Watch from here (`?watch=true&resource_version=…`) to miss nothing after this list.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub resource_version: Option<String>,
 }
 
 impl<T> List<T> {
@@ -58,6 +68,16 @@ impl<T> List<T> {
             rows.truncate(page.limit as usize - 1);
         }
         let next = if more { rows.last().map(&id) } else { None };
-        List { items: rows.into_iter().map(item).collect(), next }
+        List { items: rows.into_iter().map(item).collect(), next, resource_version: None }
+    }
+
+    /// A whole list, in one page.
+    pub fn all(items: Vec<T>) -> List<T> {
+        List { items, next: None, resource_version: None }
+    }
+
+    pub fn at(mut self, version: i64) -> List<T> {
+        self.resource_version = Some(version.to_string());
+        self
     }
 }

@@ -4,10 +4,11 @@ use std::collections::BTreeMap;
 
 use axum::Json;
 use axum::extract::{Path, State};
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
 use chrono::{DateTime, Duration, Utc};
 use serde::{Deserialize, Serialize};
-use utoipa::ToSchema;
+use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 use uuid::Uuid;
@@ -15,8 +16,9 @@ use uuid::Uuid;
 use super::AppState;
 use super::caller::Caller;
 use super::error::{ApiError, ErrorBody};
-use super::extract::Body;
+use super::extract::{Body, Params};
 use super::list::List;
+use super::watch::{self, Kind};
 use crate::auth::machine::new_join_token;
 use crate::domain::Name;
 use crate::domain::path::AbsPath;
@@ -128,12 +130,39 @@ pub fn to_object(m: MachineRecord) -> Machine {
     }
 }
 
-/// List machines.
-#[utoipa::path(get, path = "/machines", tag = "machines",
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct MachineListParams {
+    /// Stream changes instead of answering the list (see `GET /runs`).
+    #[serde(default)]
+    pub watch: bool,
+    pub resource_version: Option<i64>,
+}
+
+/// List machines, by name.
+#[utoipa::path(get, path = "/machines", tag = "machines", params(MachineListParams),
     responses((status = 200, body = List<Machine>)), security(("bearer" = [])))]
-pub async fn list(State(app): State<AppState>, _caller: Caller) -> Result<Json<List<Machine>>, ApiError> {
+pub async fn list(
+    State(app): State<AppState>,
+    caller: Caller,
+    headers: HeaderMap,
+    Params(params): Params<MachineListParams>,
+) -> Result<Response, ApiError> {
+    let version = store::changes::latest(&app.db).await?;
     let rows = store::machines::list(&app.db).await?;
-    Ok(Json(List { items: rows.into_iter().map(to_object).collect(), next: None }))
+    if params.watch {
+        let names = match params.resource_version {
+            Some(_) => vec![],
+            None => rows.into_iter().map(|m| m.name).collect(),
+        };
+        return watch::stream(app, caller, Kind::Machines, params.resource_version, names, &headers).await;
+    }
+    Ok(Json(List::all(rows.into_iter().map(to_object).collect()).at(version)).into_response())
+}
+
+pub async fn load(app: &AppState, name: &str) -> Result<Machine, ApiError> {
+    find(app, name).await.map(to_object)
 }
 
 async fn find(app: &AppState, name: &str) -> Result<MachineRecord, ApiError> {
@@ -271,7 +300,7 @@ pub async fn list_join_tokens(
     caller.require_org_admin("read join tokens")?;
     cluster(&app, &name).await?;
     let rows = store::join_tokens::list(&app.db, &name).await?;
-    Ok(Json(List { items: rows.into_iter().map(JoinToken::from).collect(), next: None }))
+    Ok(Json(List::all(rows.into_iter().map(JoinToken::from).collect())))
 }
 
 /// Revoke a join token. Machines that joined with it stay.

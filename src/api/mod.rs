@@ -2,8 +2,10 @@
 
 pub mod agent;
 pub mod caller;
+pub mod console;
 pub mod drives;
 pub mod error;
+pub mod events;
 pub mod extract;
 pub mod health;
 pub mod list;
@@ -14,6 +16,7 @@ pub mod org;
 pub mod runs;
 pub mod secrets;
 pub mod tokens;
+pub mod watch;
 pub mod workers;
 
 use std::sync::Arc;
@@ -57,6 +60,7 @@ impl AppState {
     tags(
         (name = "drives", description = "Datasets kept on machines"),
         (name = "runs", description = "Jobs and their workers"),
+        (name = "events", description = "Why things happened"),
         (name = "machines", description = "Machines, their data locations, and join tokens"),
         (name = "secrets", description = "Values given to workers as environment"),
         (name = "tokens", description = "Bearer tokens of a workspace"),
@@ -85,6 +89,7 @@ fn api_routes() -> OpenApiRouter<AppState> {
         .merge(runs::router())
         .merge(workers::router())
         .merge(logs::router())
+        .merge(events::router())
         .merge(machines::router())
         .merge(secrets::router())
         .merge(tokens::router())
@@ -97,17 +102,25 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
     api_routes().split_for_parts().1
 }
 
+/// `/metrics` without a token, for a listen address of its own that only Prometheus reaches.
+pub fn metrics_router(state: AppState) -> Router {
+    Router::new().route("/metrics", get(crate::observe::scrape)).with_state(state)
+}
+
 pub fn router(state: AppState) -> Router {
     let (api, spec) = api_routes().split_for_parts();
     Router::new()
         .merge(api)
         .merge(agent::router())
         .merge(SwaggerUi::new("/docs").url("/openapi.json", spec))
+        .route("/metrics", get(crate::observe::scrape_as_admin))
         .route("/healthz", get(health::healthz))
         .route("/readyz", get(health::readyz))
-        .fallback(not_found)
+        // The web console at `/` (and its page routes); unknown /api paths stay a JSON 404.
+        .fallback(console::fallback)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
+        .layer(axum::middleware::from_fn(crate::observe::track))
         .layer(TraceLayer::new_for_http())
         .with_state(state)
 }

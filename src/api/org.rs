@@ -54,7 +54,7 @@ pub async fn list_workspaces(
     caller.require_org_admin("list workspaces")?;
     let rows = store::workspaces::list(&app.db).await?;
     let items = rows.into_iter().map(|w| Named { name: w.name, created_at: w.created_at }).collect();
-    Ok(Json(List { items, next: None }))
+    Ok(Json(List::all(items)))
 }
 
 /// Create a workspace.
@@ -82,7 +82,7 @@ pub async fn list_clusters(
 ) -> Result<Json<List<Named>>, ApiError> {
     let rows = store::clusters::list(&app.db).await?;
     let items = rows.into_iter().map(|c| Named { name: c.name, created_at: c.created_at }).collect();
-    Ok(Json(List { items, next: None }))
+    Ok(Json(List::all(items)))
 }
 
 /// Create a cluster.

@@ -4,7 +4,8 @@ use std::collections::{HashMap, HashSet};
 
 use axum::Json;
 use axum::extract::{Path, State};
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
@@ -18,6 +19,7 @@ use super::extract::{Body, Params};
 use super::list::{List, ListParams};
 use super::meta::ObjectMeta;
 use super::secrets;
+use super::watch::{self, Kind};
 use super::workers::{self, Worker};
 use crate::domain::meta::MetaInput;
 use crate::domain::role::Role;
@@ -159,11 +161,22 @@ pub async fn create(
 pub async fn list(
     State(app): State<AppState>,
     caller: Caller,
+    headers: HeaderMap,
     Params(params): Params<ListParams>,
-) -> Result<Json<List<Run>>, ApiError> {
+) -> Result<Response, ApiError> {
     let page = params.page()?;
+    if params.watch {
+        let initial = match params.resource_version {
+            Some(_) => vec![],
+            None => store::runs::list(&app.db, caller.workspace_id, params.all, watch::ALL).await?,
+        };
+        let names = initial.into_iter().rev().map(|r| r.name).collect();
+        return watch::stream(app, caller, Kind::Runs, params.resource_version, names, &headers).await;
+    }
+    let version = store::changes::latest(&app.db).await?;
     let rows = store::runs::list(&app.db, caller.workspace_id, params.all, page).await?;
-    Ok(Json(List::from_rows(rows, page, |r| r.id, |r| to_object(&caller.workspace, r, None))))
+    let list = List::from_rows(rows, page, |r| r.id, |r| to_object(&caller.workspace, r, None));
+    Ok(Json(list.at(version)).into_response())
 }
 
 async fn find(app: &AppState, caller: &Caller, name: &str) -> Result<RunRecord, ApiError> {
@@ -182,10 +195,15 @@ pub async fn get(
     caller: Caller,
     Path(name): Path<String>,
 ) -> Result<Json<Run>, ApiError> {
-    let run = find(&app, &caller, &name).await?;
+    load(&app, &caller, &name).await.map(Json)
+}
+
+/// One run with its workers.
+pub async fn load(app: &AppState, caller: &Caller, name: &str) -> Result<Run, ApiError> {
+    let run = find(app, caller, name).await?;
     let ws = store::workers::for_run(&app.db, run.id).await?;
     let ws = ws.into_iter().map(|w| workers::to_object(&caller.workspace, w)).collect();
-    Ok(Json(to_object(&caller.workspace, run, Some(ws))))
+    Ok(to_object(&caller.workspace, run, Some(ws)))
 }
 
 /// The run's workers, in index order.
@@ -199,7 +217,7 @@ pub async fn list_workers(
     let run = find(&app, &caller, &name).await?;
     let ws = store::workers::for_run(&app.db, run.id).await?;
     let items = ws.into_iter().map(|w| workers::to_object(&caller.workspace, w)).collect();
-    Ok(Json(List { items, next: None }))
+    Ok(Json(List::all(items)))
 }
 
 /// Delete a run and stop its workers.
@@ -220,6 +238,16 @@ pub async fn delete(
     // Workers still on machines give their resources back and their agents stop them.
     let machines = store::workers::release_run(&mut tx, run).await?;
     store::runs::delete(&mut *tx, run).await?;
+    let event = store::events::New {
+        workspace: Some(caller.workspace_id),
+        object_kind: "run",
+        object_name: &name,
+        warning: false,
+        reason: "Deleted",
+        message: &format!("run {name} deleted; its workers were stopped"),
+        source: "api",
+    };
+    store::events::record(&mut *tx, &event).await?;
     store::machines::touch_assignments(&mut *tx, &machines).await?;
     hub::request_schedule(&mut *tx).await?;
     tx.commit().await?;

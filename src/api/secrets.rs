@@ -4,7 +4,8 @@ use std::collections::{BTreeMap, HashSet};
 
 use axum::Json;
 use axum::extract::{Path, State};
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
@@ -17,6 +18,7 @@ use super::caller::Caller;
 use super::error::{ApiError, ErrorBody, on_constraint};
 use super::extract::{Body, Params};
 use super::list::{List, ListParams};
+use super::watch::{self, Kind};
 use crate::auth::seal;
 use crate::domain::meta::MetaInput;
 use crate::domain::role::Role;
@@ -134,11 +136,22 @@ pub async fn create(
 pub async fn list(
     State(app): State<AppState>,
     caller: Caller,
+    headers: HeaderMap,
     Params(params): Params<ListParams>,
-) -> Result<Json<List<Secret>>, ApiError> {
+) -> Result<Response, ApiError> {
     let page = params.page()?;
+    if params.watch {
+        let initial = match params.resource_version {
+            Some(_) => vec![],
+            None => store::secrets::list(&app.db, caller.workspace_id, watch::ALL).await?,
+        };
+        let names = initial.into_iter().rev().map(|r| r.name).collect();
+        return watch::stream(app, caller, Kind::Secrets, params.resource_version, names, &headers).await;
+    }
+    let version = store::changes::latest(&app.db).await?;
     let rows = store::secrets::list(&app.db, caller.workspace_id, page).await?;
-    Ok(Json(List::from_rows(rows, page, |r| r.id, |r| to_object(&caller.workspace, r))))
+    let list = List::from_rows(rows, page, |r| r.id, |r| to_object(&caller.workspace, r));
+    Ok(Json(list.at(version)).into_response())
 }
 
 /// Read a secret's keys.
@@ -149,12 +162,16 @@ pub async fn get(
     caller: Caller,
     Path(name): Path<String>,
 ) -> Result<Json<Secret>, ApiError> {
-    let found = match Name::parse(&name) {
+    load(&app, &caller, &name).await.map(Json)
+}
+
+pub async fn load(app: &AppState, caller: &Caller, name: &str) -> Result<Secret, ApiError> {
+    let found = match Name::parse(name) {
         Ok(n) => store::secrets::get(&app.db, caller.workspace_id, n.as_str()).await?,
         Err(_) => None,
     };
-    let record = found.ok_or_else(|| ApiError::not_found("secret", &name))?;
-    Ok(Json(to_object(&caller.workspace, record)))
+    let record = found.ok_or_else(|| ApiError::not_found("secret", name))?;
+    Ok(to_object(&caller.workspace, record))
 }
 
 /// Delete a secret.

@@ -109,7 +109,7 @@ pub async fn create(
 pub async fn list(State(app): State<AppState>, caller: Caller) -> Result<Json<List<Token>>, ApiError> {
     caller.require(Role::Admin, "manage tokens")?;
     let rows = store::tokens::list(&app.db, caller.workspace_id).await?;
-    Ok(Json(List { items: rows.into_iter().map(Token::from).collect(), next: None }))
+    Ok(Json(List::all(rows.into_iter().map(Token::from).collect())))
 }
 
 /// Revoke a token. It stops working on its next request.

@@ -29,6 +29,16 @@ pub async fn tick(db: &PgPool, grace: Duration) -> anyhow::Result<usize> {
     for m in &lost {
         tracing::warn!(machine = %m.name, "no heartbeat within the grace period: NotReady");
         let reason = format!("machine {} stopped responding (no heartbeat for {}s)", m.name, grace.as_secs());
+        let event = store::events::New {
+            workspace: None,
+            object_kind: "machine",
+            object_name: &m.name,
+            warning: true,
+            reason: "NotReady",
+            message: &format!("no heartbeat for {}s", grace.as_secs()),
+            source: "liveness",
+        };
+        store::events::record(&mut *tx, &event).await?;
         for worker in store::workers::live_on_machine(&mut *tx, m.id).await? {
             if let Some(run) =
                 store::workers::finish(&mut tx, worker, None, WorkerState::Failed, &reason, None).await?

@@ -1,4 +1,5 @@
 //! Control loops besides the scheduler. Each is level-triggered and safe to run on every replica.
 
 pub mod fill;
+pub mod janitor;
 pub mod liveness;

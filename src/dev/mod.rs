@@ -21,6 +21,7 @@ use crate::settings::DevArgs;
 use crate::{agent, server, store};
 
 pub async fn run(args: DevArgs) -> anyhow::Result<()> {
+    let interrupted = stop_on_signal()?;
     let state = args.state_dir.clone();
     if args.fresh && state.exists() {
         let pg_dir = state.join("postgres");
@@ -42,14 +43,34 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         (None, Some(pg)) => pg.url.clone(),
         (None, None) => unreachable!("a private Postgres runs when no URL is given"),
     };
-    let result = serve(&args, &url).await;
+    let result = serve(&args, &url, &interrupted).await;
     if let Some(pg) = private {
         pg.stop();
     }
     result
 }
 
-async fn serve(args: &DevArgs, url: &str) -> anyhow::Result<()> {
+/// Ctrl-C or SIGTERM, listened for from the first moment: one that arrives while the private
+/// Postgres starts or the agents join is kept until `serve` acts on it, instead of killing this
+/// process with Postgres left running.
+fn stop_on_signal() -> anyhow::Result<CancellationToken> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut interrupt = signal(SignalKind::interrupt()).context("cannot listen for Ctrl-C")?;
+    let mut terminate = signal(SignalKind::terminate()).context("cannot listen for SIGTERM")?;
+    let stop = CancellationToken::new();
+    let token = stop.clone();
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = interrupt.recv() => {}
+            _ = terminate.recv() => {}
+        }
+        tracing::info!("shutting down");
+        token.cancel();
+    });
+    Ok(stop)
+}
+
+async fn serve(args: &DevArgs, url: &str, interrupted: &CancellationToken) -> anyhow::Result<()> {
     let state = &args.state_dir;
     let key_file = state.join("signing-key.pem");
     if !key_file.exists() {
@@ -102,7 +123,7 @@ async fn serve(args: &DevArgs, url: &str) -> anyhow::Result<()> {
     banner(state, &base, &token);
 
     tokio::select! {
-        _ = server::shutdown_signal() => {}
+        _ = interrupted.cancelled() => {}
         r = api => { r??; }
     }
     stop.cancel();

@@ -18,7 +18,10 @@ use uuid::Uuid;
 
 use crate::controllers::fill;
 use crate::hub::Hub;
-use crate::store::{self, workers::Charge};
+use crate::store::{
+    self,
+    workers::{Charge, PendingRow},
+};
 use snapshot::{CopyState, CopyView, DriveNeed, MachineView, Request};
 
 /// Workers claimed per transaction.
@@ -71,6 +74,7 @@ pub async fn tick(db: &PgPool) -> anyhow::Result<usize> {
 }
 
 async fn pass(db: &PgPool) -> anyhow::Result<(usize, usize)> {
+    let started = std::time::Instant::now();
     let mut tx = db.begin().await?;
     let pending = store::workers::claim_pending(&mut tx, BATCH).await?;
     if pending.is_empty() {
@@ -98,16 +102,27 @@ async fn pass(db: &PgPool) -> anyhow::Result<(usize, usize)> {
                 request.gpus = (request.gpus - lent.gpus).max(0);
             }
         }
-        let i = match select::select(&machines, &request) {
-            Ok(i) => i,
+        let choice = match select::select(&machines, &request) {
+            Ok(c) => c,
             Err(why) => {
                 if w.reason != why {
                     store::workers::set_pending_reason(&mut *tx, w.id, &why).await?;
+                    event(&mut tx, w, true, "FailedScheduling", &why).await?;
                 }
                 continue;
             }
         };
+        let i = choice.index;
         let transports = transports(&request.drives, &machines[i], &machines);
+        let explained = match choice.runner_up {
+            Some((r, s)) => {
+                format!(
+                    "placed on {} ({}); runner-up {} ({s})",
+                    machines[i].name, choice.score, machines[r].name
+                )
+            }
+            None => format!("placed on {} ({}); no other machine fits", machines[i].name, choice.score),
+        };
         let m = &mut machines[i];
         let lacking: Vec<&DriveNeed> =
             request.placed().filter(|d| m.copy_state(d.id) != Some(CopyState::Complete)).collect();
@@ -120,6 +135,9 @@ async fn pass(db: &PgPool) -> anyhow::Result<(usize, usize)> {
         if !store::workers::bind(&mut tx, w.id, m.id, charge, released, &reason).await? {
             continue;
         }
+        event(&mut tx, w, false, "Scheduled", &explained).await?;
+        let waited = (chrono::Utc::now() - w.created_at).to_std().unwrap_or_default();
+        metrics::histogram!("astraeus_placement_latency_seconds").record(waited.as_secs_f64());
         m.take(charge.cpu_millis, charge.memory_bytes, charge.gpus);
         touched.push(m.id);
         placed += 1;
@@ -136,7 +154,28 @@ async fn pass(db: &PgPool) -> anyhow::Result<(usize, usize)> {
     touched.dedup();
     store::machines::touch_assignments(&mut *tx, &touched).await?;
     tx.commit().await?;
+    metrics::counter!("astraeus_placements_total").increment(placed as u64);
+    metrics::histogram!("astraeus_scheduler_pass_seconds").record(started.elapsed().as_secs_f64());
     Ok((placed, pending.len()))
+}
+
+async fn event(
+    tx: &mut sqlx::PgConnection,
+    w: &PendingRow,
+    warning: bool,
+    reason: &str,
+    message: &str,
+) -> sqlx::Result<()> {
+    let e = store::events::New {
+        workspace: Some(w.workspace_id),
+        object_kind: "worker",
+        object_name: &w.name,
+        warning,
+        reason,
+        message,
+        source: "scheduler",
+    };
+    store::events::record(&mut *tx, &e).await
 }
 
 /// Creates the copies a bound worker lacks, evicting unused copies first when room is short.
@@ -154,6 +193,12 @@ async fn make_room(
             if !gone.is_empty() {
                 tracing::info!(machine = %m.name, copies = gone.len(), drive = %d.full, "evicting copies to make room");
                 store::copies::evict(&mut *tx, m.id, &gone).await?;
+                metrics::counter!("astraeus_copies_evicted_total").increment(gone.len() as u64);
+                let why = format!("copy on {} evicted to make room for drive {}", m.name, d.full);
+                for id in &gone {
+                    store::events::record_for_drive(&mut *tx, *id, false, "Evicted", &why, "scheduler")
+                        .await?;
+                }
                 for id in gone {
                     if let Some(c) = m.copies.get_mut(&id) {
                         c.state = CopyState::Evicting;

@@ -9,10 +9,26 @@ pub struct Score {
     pub complete: usize,
     /// … with a copy being filled here.
     pub filling: usize,
-    /// Room left for new copies, when the run mounts placed drives.
+    /// Room left for new copies in whole GB, when the run mounts placed drives: finer
+    /// differences are noise from disks that change under the machines.
     pub data_free: i64,
     /// 0–100: how much cpu and memory is left after the worker.
     pub resources: i64,
+}
+
+const GB: i64 = 1_000_000_000;
+
+impl std::fmt::Display for Score {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "complete copies {}, filling {}, data room {}, resources {}",
+            self.complete,
+            self.filling,
+            crate::domain::quantity::human_bytes((self.data_free.max(0) * GB) as u64),
+            self.resources
+        )
+    }
 }
 
 pub fn score(m: &MachineView, r: &Request) -> Score {
@@ -21,7 +37,7 @@ pub fn score(m: &MachineView, r: &Request) -> Score {
     Score {
         complete: count(CopyState::Complete),
         filling: count(CopyState::Filling),
-        data_free: if has_placed { m.data_free.unwrap_or(0) + m.reclaimable() } else { 0 },
+        data_free: if has_placed { (m.data_free.unwrap_or(0) + m.reclaimable()) / GB } else { 0 },
         resources: least_allocated(m, r),
     }
 }
@@ -107,7 +123,7 @@ mod tests {
         let busy_complete = score(&with_copy(machine(1000, 2_000), CopyState::Complete), &r);
         let idle_filling = score(&with_copy(machine(4000, 8_000), CopyState::Filling), &r);
         let mut roomy = machine(4000, 8_000);
-        roomy.data_free = Some(1 << 40);
+        roomy.data_free = Some(1 << 50);
         let idle_none = score(&roomy, &r);
         assert!(busy_complete > idle_filling, "{busy_complete:?} {idle_filling:?}");
         assert!(idle_filling > idle_none, "{idle_filling:?} {idle_none:?}");

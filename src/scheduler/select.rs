@@ -4,17 +4,29 @@ use super::filter::fits;
 use super::score::{Score, score};
 use super::snapshot::{MachineView, Request};
 
-/// The index of the best machine, or a reason that sums up every rejection
+/// The machine chosen, with its score and the runner-up's, for the event that explains it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Choice {
+    pub index: usize,
+    pub score: Score,
+    pub runner_up: Option<(usize, Score)>,
+}
+
+/// The best machine, or a reason that sums up every rejection
 /// (`0/3 machines are available: 2 Insufficient cpu (…), 1 NotReady`).
-pub fn select(machines: &[MachineView], r: &Request) -> Result<usize, String> {
+pub fn select(machines: &[MachineView], r: &Request) -> Result<Choice, String> {
     let mut best: Option<(Score, usize)> = None;
+    let mut second: Option<(Score, usize)> = None;
     let mut reasons: Vec<(String, usize)> = Vec::new();
     for (i, m) in machines.iter().enumerate() {
         match fits(m, r) {
             Ok(()) => {
                 let s = score(m, r);
                 if best.is_none_or(|(b, _)| s > b) {
+                    second = best;
                     best = Some((s, i));
+                } else if second.is_none_or(|(b, _)| s > b) {
+                    second = Some((s, i));
                 }
             }
             Err(why) => match reasons.iter_mut().find(|(w, _)| *w == why) {
@@ -23,8 +35,8 @@ pub fn select(machines: &[MachineView], r: &Request) -> Result<usize, String> {
             },
         }
     }
-    if let Some((_, i)) = best {
-        return Ok(i);
+    if let Some((score, index)) = best {
+        return Ok(Choice { index, score, runner_up: second.map(|(s, i)| (i, s)) });
     }
     if machines.is_empty() {
         return Err("no machines have joined the cluster yet".into());
@@ -76,7 +88,9 @@ mod tests {
     #[test]
     fn the_best_fitting_machine_wins() {
         let ms = [machine("a", 1000, true), machine("b", 4000, true), machine("c", 4000, false)];
-        assert_eq!(select(&ms, &request(1000)), Ok(1));
+        let choice = select(&ms, &request(1000)).unwrap();
+        assert_eq!(choice.index, 1);
+        assert_eq!(choice.runner_up.map(|(i, _)| i), Some(0));
     }
 
     #[test]

@@ -100,8 +100,8 @@ pub async fn touch_used(db: impl PgExecutor<'_>, machine: Uuid, drives: &[Uuid])
 /// What a heartbeat changes, and what the agent should delete.
 #[derive(Debug, Default)]
 pub struct Reconciled {
-    /// Copies that just became whole.
-    pub completed: Vec<Uuid>,
+    /// Copies that just became whole: the drive and the copy's bytes.
+    pub completed: Vec<(Uuid, i64)>,
     /// Folders under `drives/` to delete: no copy is wanted there, or it is being evicted.
     pub delete: Vec<String>,
 }
@@ -114,14 +114,21 @@ pub async fn reconcile(
     bytes: &[i64],
     complete: &[bool],
 ) -> sqlx::Result<Reconciled> {
+    // Lock the machine's copies and read their states first: a CTE cannot, because rows that
+    // the UPDATE below changes are invisible to a FOR UPDATE in the same statement.
+    let before: std::collections::HashMap<Uuid, String> =
+        sqlx::query_as("SELECT drive_id, state FROM copies WHERE machine_id = $1 FOR UPDATE")
+            .bind(machine)
+            .fetch_all(&mut *tx)
+            .await?
+            .into_iter()
+            .collect();
     // Map each reported folder `<namespace>.<drive>` to a drive and update its copy.
-    let rows: Vec<(String, Option<Uuid>, Option<String>, bool)> = sqlx::query_as(
+    let rows: Vec<(String, Option<Uuid>, Option<String>, i64)> = sqlx::query_as(
         "WITH r AS (SELECT * FROM unnest($2::text[], $3::bigint[], $4::bool[]) AS r(folder, bytes, complete)),
          d AS (SELECT r.*, dr.id AS drive_id FROM r
                LEFT JOIN workspaces s ON s.name = split_part(r.folder, '.', 1)
                LEFT JOIN drives dr ON dr.workspace_id = s.id AND dr.name = substr(r.folder, length(s.name) + 2)),
-         old AS (SELECT c.drive_id, c.state FROM copies c JOIN d ON d.drive_id = c.drive_id
-                 WHERE c.machine_id = $1 FOR UPDATE OF c),
          up AS (UPDATE copies c SET bytes = d.bytes,
                     state = CASE WHEN c.state = 'Evicting' THEN 'Evicting'
                                  WHEN d.complete THEN 'Complete'
@@ -130,9 +137,7 @@ pub async fn reconcile(
                     completed_at = CASE WHEN d.complete AND c.state <> 'Complete' THEN now() ELSE c.completed_at END
                 FROM d WHERE c.machine_id = $1 AND c.drive_id = d.drive_id
                 RETURNING c.drive_id, c.state)
-         SELECT d.folder, d.drive_id, up.state, COALESCE((SELECT o.state <> 'Complete' FROM old o
-                WHERE o.drive_id = d.drive_id), false) AS was_incomplete
-         FROM d LEFT JOIN up ON up.drive_id = d.drive_id",
+         SELECT d.folder, d.drive_id, up.state, d.bytes FROM d LEFT JOIN up ON up.drive_id = d.drive_id",
     )
     .bind(machine)
     .bind(folders)
@@ -141,9 +146,10 @@ pub async fn reconcile(
     .fetch_all(&mut *tx)
     .await?;
     let mut out = Reconciled::default();
-    for (folder, drive, state, was_incomplete) in rows {
+    for (folder, drive, state, bytes) in rows {
+        let was_incomplete = drive.and_then(|d| before.get(&d)).is_some_and(|s| s != "Complete");
         match (drive, state.as_deref()) {
-            (Some(d), Some("Complete")) if was_incomplete => out.completed.push(d),
+            (Some(d), Some("Complete")) if was_incomplete => out.completed.push((d, bytes)),
             (_, None) | (_, Some("Evicting")) => out.delete.push(folder),
             _ => {}
         }

@@ -1,4 +1,4 @@
-//! The `worker_events` table: what happened to a worker, and why.
+//! The `events` table: what happened to an object and why, folded by count, expiring.
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
@@ -8,35 +8,114 @@ use uuid::Uuid;
 
 #[derive(Debug, Clone, Serialize, ToSchema, sqlx::FromRow)]
 pub struct Event {
-    pub at: DateTime<Utc>,
+    /// `run`, `worker`, `drive` or `machine`.
+    pub object_kind: String,
+    pub object_name: String,
     /// `Normal` or `Warning`.
     #[sqlx(rename = "type")]
     #[serde(rename = "type")]
     pub kind: String,
     pub reason: String,
     pub message: String,
+    /// Who decided: `scheduler`, `fill-controller`, `liveness`, `api`, `agent/<machine>`.
+    pub source: String,
+    /// How many times it happened; repeats fold into one event.
+    pub count: i32,
+    pub first_at: DateTime<Utc>,
+    pub last_at: DateTime<Utc>,
 }
 
-pub async fn add(
+/// An event about to be recorded.
+pub struct New<'a> {
+    /// `None` for organisation objects (machines).
+    pub workspace: Option<Uuid>,
+    pub object_kind: &'a str,
+    pub object_name: &'a str,
+    pub warning: bool,
+    pub reason: &'a str,
+    pub message: &'a str,
+    pub source: &'a str,
+}
+
+/// Records the event, or counts it again when the same one was recorded before.
+pub async fn record(db: impl PgExecutor<'_>, e: &New<'_>) -> sqlx::Result<()> {
+    sqlx::query(
+        "INSERT INTO events (workspace_id, object_kind, object_name, type, reason, message, source)
+         VALUES ($1, $2, $3, $4, $5, $6, $7)
+         ON CONFLICT (COALESCE(workspace_id, '00000000-0000-0000-0000-000000000000'::uuid),
+                      object_kind, object_name, reason, message)
+         DO UPDATE SET count = events.count + 1, last_at = now(), source = EXCLUDED.source",
+    )
+    .bind(e.workspace)
+    .bind(e.object_kind)
+    .bind(e.object_name)
+    .bind(if e.warning { "Warning" } else { "Normal" })
+    .bind(e.reason)
+    .bind(e.message)
+    .bind(e.source)
+    .execute(db)
+    .await
+    .map(drop)
+}
+
+/// Records an event on the drive with this id.
+pub async fn record_for_drive(
     db: impl PgExecutor<'_>,
-    worker: Uuid,
-    kind: &str,
+    drive: Uuid,
+    warning: bool,
     reason: &str,
     message: &str,
+    source: &str,
 ) -> sqlx::Result<()> {
-    sqlx::query("INSERT INTO worker_events (worker_id, type, reason, message) VALUES ($1, $2, $3, $4)")
-        .bind(worker)
-        .bind(kind)
-        .bind(reason)
-        .bind(message)
-        .execute(db)
-        .await
-        .map(drop)
+    sqlx::query(
+        "INSERT INTO events (workspace_id, object_kind, object_name, type, reason, message, source)
+         SELECT workspace_id, 'drive', name, $2, $3, $4, $5 FROM drives WHERE id = $1
+         ON CONFLICT (COALESCE(workspace_id, '00000000-0000-0000-0000-000000000000'::uuid),
+                      object_kind, object_name, reason, message)
+         DO UPDATE SET count = events.count + 1, last_at = now(), source = EXCLUDED.source",
+    )
+    .bind(drive)
+    .bind(if warning { "Warning" } else { "Normal" })
+    .bind(reason)
+    .bind(message)
+    .bind(source)
+    .execute(db)
+    .await
+    .map(drop)
 }
 
-pub async fn for_worker(db: impl PgExecutor<'_>, worker: Uuid) -> sqlx::Result<Vec<Event>> {
-    sqlx::query_as("SELECT at, type, reason, message FROM worker_events WHERE worker_id = $1 ORDER BY id")
-        .bind(worker)
-        .fetch_all(db)
-        .await
+const COLUMNS: &str = "object_kind, object_name, type, reason, message, source, count, first_at, last_at";
+
+/// Events of one object, oldest first. A run's include its workers' (`<run>-<index>`).
+pub async fn for_object(
+    db: impl PgExecutor<'_>,
+    workspace: Uuid,
+    kind: &str,
+    name: &str,
+    limit: i64,
+) -> sqlx::Result<Vec<Event>> {
+    sqlx::query_as(&format!(
+        "SELECT {COLUMNS} FROM (
+             SELECT * FROM events
+             WHERE (workspace_id = $1 OR workspace_id IS NULL)
+               AND ((object_kind = $2 AND object_name = $3)
+                    OR ($2 = 'run' AND object_kind = 'worker' AND object_name ~ ('^' || $3 || '-[0-9]+$')))
+             ORDER BY last_at DESC, id DESC LIMIT $4) e
+         ORDER BY last_at, object_name"
+    ))
+    .bind(workspace)
+    .bind(kind)
+    .bind(name)
+    .bind(limit)
+    .fetch_all(db)
+    .await
+}
+
+/// Removes events not seen for `age`.
+pub async fn expire(db: impl PgExecutor<'_>, age: std::time::Duration) -> sqlx::Result<u64> {
+    let done = sqlx::query("DELETE FROM events WHERE last_at < now() - make_interval(secs => $1)")
+        .bind(age.as_secs_f64())
+        .execute(db)
+        .await?;
+    Ok(done.rows_affected())
 }

@@ -125,3 +125,16 @@ pub async fn lock_for_drive(tx: &mut PgConnection, drive: Uuid) -> sqlx::Result<
         .fetch_all(tx)
         .await
 }
+
+/// For a fill's worker that just ended: how long it ran, in seconds. `None` for other workers.
+pub async fn ended(db: impl PgExecutor<'_>, run: Uuid, worker: Uuid) -> sqlx::Result<Option<f64>> {
+    sqlx::query_scalar(
+        "SELECT EXTRACT(EPOCH FROM (w.finished_at - COALESCE(w.started_at, w.finished_at)))::float8
+         FROM workers w JOIN runs r ON r.id = w.run_id
+         WHERE w.id = $2 AND r.id = $1 AND r.fill_drive_id IS NOT NULL",
+    )
+    .bind(run)
+    .bind(worker)
+    .fetch_optional(db)
+    .await
+}

@@ -1,5 +1,6 @@
 //! Postgres access: one file per table; each query takes an executor and returns domain types.
 
+pub mod changes;
 pub mod clusters;
 pub mod copies;
 pub mod drives;
@@ -41,4 +42,16 @@ pub async fn connect(url: &str, max_connections: u32) -> anyhow::Result<PgPool> 
 pub struct Page {
     pub limit: i64,
     pub before: Option<uuid::Uuid>,
+}
+
+/// Objects by state, for gauges: `(workers|runs|machines|copies, state, count)`.
+pub async fn counts(db: impl sqlx::PgExecutor<'_>) -> sqlx::Result<Vec<(String, String, i64)>> {
+    sqlx::query_as(
+        "SELECT 'workers', state, count(*) FROM workers GROUP BY state
+         UNION ALL SELECT 'runs', state, count(*) FROM runs GROUP BY state
+         UNION ALL SELECT 'machines', state, count(*) FROM machines GROUP BY state
+         UNION ALL SELECT 'copies', state, count(*) FROM copies GROUP BY state",
+    )
+    .fetch_all(db)
+    .await
 }

@@ -231,7 +231,10 @@ pub async fn assigned_to(db: impl PgExecutor<'_>, machine: Uuid) -> sqlx::Result
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct PendingRow {
     pub id: Uuid,
+    pub workspace_id: Uuid,
+    pub name: String,
     pub reason: String,
+    pub created_at: DateTime<Utc>,
     pub spec: Json<RunSpec>,
     /// The drives the run mounts, as the scheduler needs them.
     pub drives: Json<Vec<crate::scheduler::snapshot::DriveNeed>>,
@@ -242,7 +245,7 @@ pub struct PendingRow {
 /// Fills' workers first: they unblock the workers waiting for them.
 pub async fn claim_pending(tx: &mut PgConnection, limit: i64) -> sqlx::Result<Vec<PendingRow>> {
     sqlx::query_as(
-        "SELECT w.id, w.reason, r.spec, r.fill_drive_id,
+        "SELECT w.id, w.workspace_id, w.name, w.reason, w.created_at, r.spec, r.fill_drive_id,
              COALESCE((SELECT jsonb_agg(jsonb_build_object(
                      'id', d.id, 'name', d.name, 'full', s.name || '.' || d.name,
                      'scope', d.spec #>> '{sources,0,node_scope}', 'node', d.spec #>> '{sources,0,node}',
@@ -330,4 +333,12 @@ pub async fn set_waiting_reason(db: impl PgExecutor<'_>, worker: Uuid, reason: &
         .execute(db)
         .await
         .map(drop)
+}
+
+/// The worker's workspace and name.
+pub async fn identity(db: impl PgExecutor<'_>, worker: Uuid) -> sqlx::Result<Option<(Uuid, String)>> {
+    sqlx::query_as("SELECT workspace_id, name FROM workers WHERE id = $1")
+        .bind(worker)
+        .fetch_optional(db)
+        .await
 }

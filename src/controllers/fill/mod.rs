@@ -60,18 +60,28 @@ async fn apply(tx: &mut sqlx::PgConnection, change: &Change) -> anyhow::Result<(
     match *change {
         Change::EnsureCopy { drive, machine } => store::copies::ensure_for(&mut *tx, drive, machine).await?,
         Change::CreateFill { drive, machine } => create_fill(tx, drive, machine).await?,
-        Change::Refill { run } => {
+        Change::Refill { run, drive, machine } => {
             tracing::info!(%run, "the copy is still not whole: filling again");
             store::fills::add_worker(tx, run).await?;
             store::workers::refresh_run(tx, run).await?;
+            let why = |m: &str| {
+                format!("the copy on {m} is still not whole after its fill completed: filling again")
+            };
+            drive_event(tx, drive, machine, false, "FillRetried", why).await?;
         }
         Change::FailCopy { drive, machine } => {
-            store::copies::set_state(&mut *tx, drive, machine, "Failed").await?
+            store::copies::set_state(&mut *tx, drive, machine, "Failed").await?;
+            let why =
+                |m: &str| format!("the fill on {m} failed: read its logs, then delete its run to fill again");
+            drive_event(tx, drive, machine, true, "FillFailed", why).await?;
         }
         Change::RetryCopy { drive, machine } => {
             store::copies::set_state(&mut *tx, drive, machine, "Filling").await?
         }
-        Change::DropCopy { drive, machine } => store::copies::evict(&mut *tx, machine, &[drive]).await?,
+        Change::DropCopy { drive, machine } => {
+            store::copies::evict(&mut *tx, machine, &[drive]).await?;
+            metrics::counter!("astraeus_copies_evicted_total").increment(1);
+        }
         Change::Reason { worker, ref reason } => {
             store::workers::set_waiting_reason(&mut *tx, worker, reason).await?
         }
@@ -101,6 +111,33 @@ async fn create_fill(
     let name = format!("fill-{}-{}", src.drive_name, src.machine_name);
     if store::fills::insert(tx, src.workspace_id, &name, &spec, drive, machine).await? {
         tracing::info!(fill = %name, "fill run created");
+        let why = format!("fill run {name} started on {}", src.machine_name);
+        store::events::record_for_drive(&mut *tx, drive, false, "FillStarted", &why, SOURCE).await?;
+    }
+    Ok(())
+}
+
+const SOURCE: &str = "fill-controller";
+
+/// Records an event on the drive whose message names the machine.
+async fn drive_event(
+    tx: &mut sqlx::PgConnection,
+    drive: uuid::Uuid,
+    machine: uuid::Uuid,
+    warning: bool,
+    reason: &str,
+    message: impl Fn(&str) -> String,
+) -> anyhow::Result<()> {
+    if let Some(src) = store::fills::source(&mut *tx, drive, machine).await? {
+        store::events::record_for_drive(
+            &mut *tx,
+            drive,
+            warning,
+            reason,
+            &message(&src.machine_name),
+            SOURCE,
+        )
+        .await?;
     }
     Ok(())
 }

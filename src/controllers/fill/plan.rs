@@ -37,7 +37,7 @@ pub enum Change {
     /// A copy is being filled and nothing fills it.
     CreateFill { drive: Uuid, machine: Uuid },
     /// The fill completed but the copy is still not whole after the interval: fill again.
-    Refill { run: Uuid },
+    Refill { run: Uuid, drive: Uuid, machine: Uuid },
     /// The fill failed: the copy failed with it, until the fill run is deleted.
     FailCopy { drive: Uuid, machine: Uuid },
     /// The failed fill run was deleted: fill the copy again.
@@ -103,7 +103,7 @@ pub fn plan(
                 Some(f) if f.state == RunState::Completed => {
                     let due = f.finished_at.map_or(now, |t| t + refill_after);
                     if due <= now {
-                        changes.insert(Change::Refill { run: f.run });
+                        changes.insert(Change::Refill { run: f.run, drive, machine });
                     } else {
                         let wait = (due - now).to_std().unwrap_or_default();
                         next = Some(next.map_or(wait, |n| n.min(wait)));
@@ -201,7 +201,7 @@ mod tests {
         assert_eq!(next, Some(6 * MIN));
         let (changes, _) =
             run(&[waiting()], Some(CopyState::Filling), &[fill(RunState::Completed, Some(10))]);
-        assert_eq!(changes, vec![Change::Refill { run: id(5) }]);
+        assert_eq!(changes, vec![Change::Refill { run: id(5), drive: id(1), machine: id(2) }]);
     }
 
     #[test]

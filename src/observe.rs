@@ -39,6 +39,13 @@ pub async fn track(req: Request, next: Next) -> Response {
     response
 }
 
+const STATES: [(&str, &[&str]); 4] = [
+    ("workers", &["Pending", "Preparing", "Running", "Completed", "Failed"]),
+    ("runs", &["Pending", "Running", "Completed", "Failed"]),
+    ("machines", &["Ready", "NotReady"]),
+    ("copies", &["Filling", "Complete", "Failed", "Evicting"]),
+];
+
 /// `GET /metrics` on the API: an admin token is needed.
 pub async fn scrape_as_admin(State(app): State<AppState>, caller: Caller) -> Result<Response, ApiError> {
     caller.require(Role::Admin, "read metrics")?;
@@ -48,6 +55,12 @@ pub async fn scrape_as_admin(State(app): State<AppState>, caller: Caller) -> Res
 /// The Prometheus text format, with gauges refreshed from the database.
 pub async fn scrape(State(app): State<AppState>) -> Result<Response, ApiError> {
     handle();
+    // States with no object now read 0, not what they last were.
+    for (kind, states) in STATES {
+        for state in states {
+            metrics::gauge!(format!("astraeus_{kind}"), "state" => *state).set(0.0);
+        }
+    }
     for (kind, state, n) in crate::store::counts(&app.db).await? {
         metrics::gauge!(format!("astraeus_{kind}"), "state" => state).set(n as f64);
     }

@@ -108,6 +108,8 @@ pub fn metrics_router(state: AppState) -> Router {
 }
 
 pub fn router(state: AppState) -> Router {
+    // Counters recorded before the recorder exists would be lost.
+    crate::observe::handle();
     let (api, spec) = api_routes().split_for_parts();
     Router::new()
         .merge(api)

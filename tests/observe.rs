@@ -1,0 +1,226 @@
+//! Events, watch streams and metrics on an in-process cluster.
+
+mod cluster;
+
+use std::time::Duration;
+
+use cluster::{Cluster, eventually, food101, run_mounting};
+use futures::StreamExt;
+use reqwest::StatusCode;
+use serde_json::Value;
+use sqlx::PgPool;
+use tokio::sync::mpsc;
+
+/// Starts `GET {path}` as a stream and forwards each JSON line it sends.
+async fn watch(api: &cluster::Api, path: &str) -> mpsc::UnboundedReceiver<Value> {
+    let resp = reqwest::Client::new()
+        .get(format!("{}/api/v1{path}", api.base))
+        .bearer_auth(&api.token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert_eq!(resp.headers()["content-type"], "application/x-ndjson");
+    let (tx, rx) = mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let mut body = resp.bytes_stream();
+        let mut buf = Vec::new();
+        while let Some(Ok(chunk)) = body.next().await {
+            buf.extend_from_slice(&chunk);
+            while let Some(end) = buf.iter().position(|b| *b == b'\n') {
+                let line: Vec<u8> = buf.drain(..=end).collect();
+                if tx.send(serde_json::from_slice(&line).unwrap()).is_err() {
+                    return;
+                }
+            }
+        }
+    });
+    rx
+}
+
+/// Reads events until one satisfies `done`, for at most a minute; returns all read.
+async fn read_until(rx: &mut mpsc::UnboundedReceiver<Value>, done: impl Fn(&Value) -> bool) -> Vec<Value> {
+    let mut seen = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let event = tokio::time::timeout_at(deadline, rx.recv())
+            .await
+            .unwrap_or_else(|_| panic!("the watch never sent what was awaited; it sent {seen:#?}"))
+            .expect("the stream stays open");
+        let stop = done(&event);
+        seen.push(event);
+        if stop {
+            return seen;
+        }
+    }
+}
+
+fn version(e: &Value) -> i64 {
+    e["object"]["metadata"]["resource_version"].as_str().unwrap().parse().unwrap()
+}
+
+fn is(e: &Value, kind: &str, name: &str) -> bool {
+    e["type"] == kind && e["object"]["metadata"]["name"] == name
+}
+
+fn worker_state(e: &Value) -> Option<&str> {
+    e["object"]["status"]["workers"][0]["status"]["state"].as_str()
+}
+
+#[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
+async fn a_watch_sees_a_run_added_then_modified_through_each_state_in_order(pool: PgPool) {
+    let mut cluster = Cluster::start(&pool).await;
+    cluster.add_ready_machine("gpu-01").await;
+    let api = cluster.api.clone();
+    let mut events = watch(&api, "/runs?watch=true").await;
+    api.create_drive(&food101()).await;
+    api.create_run(&run_mounting("inspect", "ls /data/food101/data", &["food101"], 1.0)).await;
+    let seen = read_until(&mut events, |e| {
+        is(e, "MODIFIED", "inspect") && e["object"]["status"]["state"] == "Completed"
+    })
+    .await;
+    let versions: Vec<i64> = seen.iter().map(version).collect();
+    assert!(versions.windows(2).all(|w| w[0] < w[1]), "versions not strictly increasing: {versions:?}");
+    let inspect: Vec<&Value> = seen.iter().filter(|e| e["object"]["metadata"]["name"] == "inspect").collect();
+    assert!(is(inspect[0], "ADDED", "inspect"), "{:#?}", inspect[0]);
+    let mut states: Vec<&str> = inspect.iter().filter_map(|e| worker_state(e)).collect();
+    states.dedup();
+    let wanted = ["Pending", "Preparing", "Running", "Completed"];
+    let mut it = states.iter();
+    assert!(wanted.iter().all(|w| it.any(|s| s == w)), "worker states seen: {states:?}");
+    cluster.stop().await;
+}
+
+#[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
+async fn a_watch_resumed_from_its_last_version_misses_nothing_and_repeats_nothing(pool: PgPool) {
+    let mut cluster = Cluster::start(&pool).await;
+    cluster.add_ready_machine("gpu-01").await;
+    let api = cluster.api.clone();
+    let listed = api.get("/runs").await.expect(StatusCode::OK);
+    let from: i64 = listed["resource_version"].as_str().unwrap().parse().unwrap();
+    let mut first = watch(&api, &format!("/runs?watch=true&resource_version={from}")).await;
+    api.create_run(&run_mounting("one", "true", &[], 0.5)).await;
+    let seen = read_until(&mut first, |e| is(e, "ADDED", "one")).await;
+    let last = version(seen.last().unwrap());
+    drop(first);
+
+    api.create_run(&run_mounting("two", "true", &[], 0.5)).await;
+    api.wait_completed("one").await;
+    assert_eq!(api.delete("/runs/one").await.status, StatusCode::NO_CONTENT);
+    let mut resumed = watch(&api, &format!("/runs?watch=true&resource_version={last}")).await;
+    let after =
+        read_until(&mut resumed, |e| e["type"] == "DELETED" && e["object"]["metadata"]["name"] == "one")
+            .await;
+    let versions: Vec<i64> = after.iter().map(version).collect();
+    assert!(versions.iter().all(|v| *v > last), "repeated an event at or before {last}: {versions:?}");
+    assert!(versions.windows(2).all(|w| w[0] < w[1]), "{versions:?}");
+    assert!(after.iter().any(|e| is(e, "ADDED", "two")), "missed run two: {after:#?}");
+    // Every change recorded after `last` reached the stream, none twice; changes to a run
+    // deleted since are folded into its DELETED.
+    let recorded: Vec<i64> = sqlx::query_scalar(
+        "SELECT version FROM changes c WHERE kind = 'runs' AND version > $1 AND version <= $2
+           AND (type = 'DELETED' OR EXISTS (SELECT 1 FROM runs r WHERE r.name = c.name))
+         ORDER BY version",
+    )
+    .bind(last)
+    .bind(versions.last().unwrap())
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(versions, recorded);
+    cluster.stop().await;
+}
+
+#[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
+async fn a_watch_from_a_compacted_version_answers_410(pool: PgPool) {
+    let cluster = Cluster::start(&pool).await;
+    let api = cluster.api.clone();
+    api.create_run(&run_mounting("one", "true", &[], 0.5)).await;
+    astraeus::store::changes::compact(&pool, Duration::ZERO).await.unwrap();
+    let reply = api.get("/runs?watch=true&resource_version=1").await;
+    assert_eq!(reply.status, StatusCode::GONE, "{}", reply.text);
+    assert_eq!(reply.json()["error"]["code"], "gone");
+    assert!(reply.json()["error"]["message"].as_str().unwrap().contains("list again"));
+    cluster.stop().await;
+}
+
+#[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
+async fn an_unschedulable_worker_carries_the_summarised_reasons_as_an_event(pool: PgPool) {
+    let mut cluster = Cluster::start(&pool).await;
+    cluster.add_ready_machine("gpu-01").await;
+    cluster.add_ready_machine("gpu-02").await;
+    let api = cluster.api.clone();
+    api.create_run(&run_mounting("big", "true", &[], 4.0)).await;
+    // Each machine has 2 cores: neither fits 4.
+    let why = "0/2 machines are available: 2 Insufficient cpu (2 of 4 cores free)";
+    api.wait_reason("big-0", why).await;
+    let events = eventually("the FailedScheduling event", || async {
+        let list = api.get("/events?object=run/big").await.expect(StatusCode::OK);
+        let items = list["items"].as_array().unwrap().clone();
+        let found = items.iter().any(|e| {
+            e["object_name"] == "big-0"
+                && e["type"] == "Warning"
+                && e["reason"] == "FailedScheduling"
+                && e["message"] == why
+        });
+        if found { Ok(items) } else { Err(format!("{items:#?}")) }
+    })
+    .await;
+    assert!(events.iter().all(|e| e["count"].as_i64().unwrap() >= 1));
+    let bad = api.get("/events?object=nothing").await;
+    assert_eq!(bad.status, StatusCode::BAD_REQUEST, "{}", bad.text);
+    cluster.stop().await;
+}
+
+/// The value of `series` (a full line prefix, labels included) in a Prometheus text page.
+fn sample(page: &str, series: &str) -> f64 {
+    page.lines()
+        .find(|l| l.starts_with(series) && l[series.len()..].starts_with(' '))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0)
+}
+
+#[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
+async fn metrics_expose_the_named_series_and_move_when_a_run_completes(pool: PgPool) {
+    let mut cluster = Cluster::start(&pool).await;
+    cluster.add_ready_machine("gpu-01").await;
+    let api = cluster.api.clone();
+    let scrape = || async {
+        let resp = reqwest::Client::new()
+            .get(format!("{}/metrics", api.base))
+            .bearer_auth(&api.token)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), StatusCode::OK);
+        resp.text().await.unwrap()
+    };
+    let before = scrape().await;
+    api.create_run(&run_mounting("counted", "true", &[], 0.5)).await;
+    api.wait_completed("counted").await;
+    let after = scrape().await;
+    for series in [
+        "astraeus_http_requests_total",
+        "astraeus_http_request_duration_seconds",
+        "astraeus_placements_total",
+        "astraeus_placement_latency_seconds",
+        "astraeus_scheduler_pass_seconds",
+        "astraeus_heartbeats_total",
+        "astraeus_workers{",
+        "astraeus_machines{",
+        "astraeus_db_pool_connections",
+    ] {
+        assert!(after.contains(series), "no {series} in:\n{after}");
+    }
+    let completed = "astraeus_workers{state=\"Completed\"}";
+    assert_eq!(sample(&before, completed), 0.0);
+    assert_eq!(sample(&after, completed), 1.0);
+    assert!(sample(&after, "astraeus_placements_total") >= 1.0);
+    assert_eq!(sample(&after, "astraeus_machines{state=\"Ready\"}"), 1.0);
+
+    // Metrics need a token.
+    let resp = reqwest::Client::new().get(format!("{}/metrics", api.base)).send().await.unwrap();
+    assert_eq!(resp.status(), StatusCode::UNAUTHORIZED);
+    cluster.stop().await;
+}

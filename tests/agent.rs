@@ -1,0 +1,308 @@
+//! End to end: the real `astraeus serve` and `astraeus agent` binaries over a fresh database per
+//! test, workers run in the real bubblewrap sandbox.
+
+mod common;
+
+use astraeus::domain::Name;
+use astraeus::domain::quantity::CpuCores;
+use astraeus::protocol::{Capacity, JoinRequest, JoinResponse};
+use common::*;
+use reqwest::{Method, StatusCode};
+use serde_json::Value;
+use sqlx::PgPool;
+use tempfile::TempDir;
+
+/// Grants the workspace a host folder and creates drive `shared-data` over `<folder>/ds`
+/// (`node_scope: shared`, mounted at /data, ReadOnly), holding `file`. Returns the folder.
+async fn shared_drive(api: &Api) -> TempDir {
+    let host = open_tempdir();
+    let ds = host.path().join("ds");
+    std::fs::create_dir(&ds).unwrap();
+    std::fs::write(ds.join("file"), "shard-0 of shared-data\n").unwrap();
+    api.grant_host_paths(&[host.path()]).await;
+    api.create_drive(&json!({
+        "metadata": {"name": "shared-data"},
+        "spec": {"sources": [{
+            "node_scope": "shared", "path": ds, "mount_path": "/data", "mode": "ReadOnly"
+        }]}
+    }))
+    .await;
+    host
+}
+
+/// A run of `sh -c script` that mounts drives as `refs` says.
+fn run_mounting(name: &str, script: &str, refs: Value) -> Value {
+    let mut run = sh_run(name, script);
+    run["spec"]["task_template"]["datavolume_refs"] = refs;
+    run
+}
+
+/// Waits until the worker runs and its process (found by a command line unique to the test)
+/// is up on the host.
+async fn wait_running(api: &Api, worker: &str, needle: &str) -> Value {
+    let running = api.wait_worker(worker, "Running").await;
+    eventually(&format!("a process `{needle}` runs"), || async move {
+        if process_running(needle) { Ok(()) } else { Err("no such process".into()) }
+    })
+    .await;
+    running
+}
+
+async fn wait_gone(needle: &str) {
+    eventually(&format!("no process `{needle}` is left"), || async move {
+        let found: Vec<String> = command_lines().into_iter().filter(|c| c.contains(needle)).collect();
+        if found.is_empty() { Ok(()) } else { Err(format!("{found:?}")) }
+    })
+    .await;
+}
+
+#[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
+async fn an_echo_run_completes_on_the_agent_and_its_logs_hold_the_output(pool: PgPool) {
+    let cluster = Cluster::start(&pool).await;
+    let api = &cluster.api;
+    api.create_run(&sh_run("hello", "echo hello")).await;
+
+    let run = api.wait_run_ended("hello").await;
+    assert_eq!(run["status"]["state"], "Completed", "{run}");
+    assert_eq!(run["status"]["reason"], "All workers completed");
+    let worker = api.worker("hello-0").await;
+    assert_eq!(worker["status"]["state"], "Completed", "{worker}");
+    assert_eq!(worker["status"]["machine"], "gpu-01");
+    assert_eq!(worker["status"]["exit_code"], 0);
+    assert_eq!(api.logs("hello-0").await, "hello\n");
+}
+
+#[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
+async fn a_command_that_exits_3_fails_its_run_with_the_exit_code(pool: PgPool) {
+    let cluster = Cluster::start(&pool).await;
+    let api = &cluster.api;
+    api.create_run(&sh_run("three", "exit 3")).await;
+
+    let run = api.wait_run_ended("three").await;
+    assert_eq!(run["status"]["state"], "Failed", "{run}");
+    assert_eq!(run["status"]["reason"], "worker three-0 failed: exited with code 3");
+    let worker = api.worker("three-0").await;
+    assert_eq!(worker["status"]["state"], "Failed");
+    assert!(worker["status"]["reason"].as_str().unwrap().contains("exited with code 3"), "{worker}");
+    assert_eq!(worker["status"]["exit_code"], 3);
+    assert_eq!(worker["status"]["machine"], "gpu-01");
+}
+
+#[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
+async fn a_worker_past_its_time_limit_fails_with_a_reason_naming_the_limit(pool: PgPool) {
+    let cluster = Cluster::start(&pool).await;
+    let api = &cluster.api;
+    let mut run = sh_run("slow", "sleep 30.201");
+    run["spec"]["task_template"]["time_limit_seconds"] = json!(2);
+    api.create_run(&run).await;
+
+    let run = api.wait_run_ended("slow").await;
+    assert_eq!(run["status"]["state"], "Failed", "{run}");
+    assert!(run["status"]["reason"].as_str().unwrap().contains("time limit"), "{run}");
+    let worker = api.worker("slow-0").await;
+    assert_eq!(worker["status"]["reason"], "exceeded its time limit of 2s");
+    assert_eq!(worker["status"]["exit_code"], Value::Null);
+    wait_gone("sleep 30.201").await;
+}
+
+#[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
+async fn a_drive_mounted_read_only_refuses_writes_and_read_write_lets_them_land_on_the_host(pool: PgPool) {
+    let cluster = Cluster::start(&pool).await;
+    let api = &cluster.api;
+    let host = shared_drive(api).await;
+    let ds = host.path().join("ds");
+
+    let script = "cat /data/file && touch /data/should-fail || echo 'read-only, as asked'";
+    api.create_run(&run_mounting("look", script, json!([{"name": "shared-data"}]))).await;
+    let run = api.wait_run_ended("look").await;
+    assert_eq!(run["status"]["state"], "Completed", "{run}");
+    let logs = api.logs("look-0").await;
+    assert!(logs.contains("shard-0 of shared-data"), "{logs}");
+    assert!(logs.contains("Read-only file system"), "{logs}");
+    assert!(logs.contains("read-only, as asked"), "{logs}");
+    assert!(!ds.join("should-fail").exists());
+
+    let refs = json!([{"name": "shared-data", "mode": "ReadWrite"}]);
+    api.create_run(&run_mounting("write", "echo written-by-worker > /data/from-worker", refs)).await;
+    let run = api.wait_run_ended("write").await;
+    assert_eq!(run["status"]["state"], "Completed", "{run}; logs: {}", api.logs("write-0").await);
+    assert_eq!(std::fs::read_to_string(ds.join("from-worker")).unwrap(), "written-by-worker\n");
+}
+
+#[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
+async fn a_sub_path_through_a_symlink_out_of_the_drive_is_refused_before_the_worker_runs(pool: PgPool) {
+    let cluster = Cluster::start(&pool).await;
+    let api = &cluster.api;
+    let host = shared_drive(api).await;
+    std::os::unix::fs::symlink("/etc", host.path().join("ds/escape")).unwrap();
+
+    let refs = json!([{"name": "shared-data", "sub_path": "escape", "mount_path": "/x"}]);
+    api.create_run(&run_mounting("sneaky", "echo the-worker-ran; cat /x/hostname", refs)).await;
+    let run = api.wait_run_ended("sneaky").await;
+    assert_eq!(run["status"]["state"], "Failed", "{run}");
+    let worker = api.worker("sneaky-0").await;
+    let reason = worker["status"]["reason"].as_str().unwrap();
+    assert!(reason.contains("symbolic link"), "{worker}");
+    assert!(run["status"]["reason"].as_str().unwrap().contains("symbolic link"), "{run}");
+    // It never started: no start time, no output.
+    assert_eq!(worker["status"]["started_at"], Value::Null, "{worker}");
+    assert_eq!(api.logs("sneaky-0").await, "");
+}
+
+#[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
+async fn a_secret_reaches_the_worker_as_environment_and_nowhere_else(pool: PgPool) {
+    const VALUE: &str = "s3cr3t-value-123";
+    let cluster = Cluster::start(&pool).await;
+    let api = &cluster.api;
+    let mut seen = Vec::new();
+    let created =
+        api.post("/secrets", &json!({"metadata": {"name": "hf"}, "data": {"HF_TOKEN": VALUE}})).await;
+    assert_eq!(created.status, StatusCode::CREATED, "{}", created.text);
+    seen.push(created);
+    // The script compares against the value in two quoted halves, so the value itself is not
+    // part of the run's spec (which responses do show).
+    let script = "test \"$HF_TOKEN\" = 's3cr3t-''value-123' && echo secret-ok";
+    let mut run = sh_run("uses-secret", script);
+    run["spec"]["task_template"]["secret_refs"] = json!([{"name": "hf"}]);
+    let submitted = api.post("/runs", &run).await;
+    assert_eq!(submitted.status, StatusCode::CREATED, "{}", submitted.text);
+    seen.push(submitted);
+
+    let run = api.wait_run_ended("uses-secret").await;
+    assert_eq!(run["status"]["state"], "Completed", "{run}");
+    let logs = api.logs("uses-secret-0").await;
+    assert_eq!(logs, "secret-ok\n");
+
+    for path in [
+        "/runs/uses-secret",
+        "/runs?all=true",
+        "/runs/uses-secret/workers",
+        "/workers/uses-secret-0",
+        "/workers/uses-secret-0/logs",
+        "/secrets/hf",
+        "/secrets",
+    ] {
+        let reply = api.get(path).await;
+        assert_eq!(reply.status, StatusCode::OK, "{path}: {}", reply.text);
+        seen.push(reply);
+    }
+    assert_eq!(seen[seen.len() - 2].json()["keys"], json!(["HF_TOKEN"]), "GET /secrets/hf shows the keys");
+    for reply in &seen {
+        assert!(!reply.text.contains(VALUE), "a response holds the secret: {}", reply.text);
+    }
+    // The children log at debug level (the server's SQL statements included), and still not
+    // the value.
+    assert!(cluster.server.log_text().contains("DEBUG"), "the server logs at debug level");
+    assert!(cluster.agents[0].proc.log_text().contains("uses-secret-0"), "the agent logs the worker");
+    for proc in std::iter::once(&cluster.server).chain([&cluster.agents[0].proc]) {
+        let log = proc.log_text();
+        let leaks: Vec<&str> = log.lines().filter(|l| l.contains(VALUE)).collect();
+        assert!(leaks.is_empty(), "{}'s log holds the secret: {leaks:?}", proc.name);
+    }
+}
+
+#[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
+async fn a_machine_credential_opens_only_its_own_machines_agent_api(pool: PgPool) {
+    let cluster = Cluster::start(&pool).await;
+    let api = &cluster.api;
+    let mut run = sh_run("busy", "sleep 300.701");
+    run["spec"]["task_template"]["requested_resources"]["node_selection"] =
+        json!({"mode": "Exact", "names": ["gpu-01"]});
+    api.create_run(&run).await;
+    let before = wait_running(api, "busy-0", "sleep 300.701").await;
+    let uid = before["metadata"]["uid"].as_str().unwrap().to_owned();
+
+    // Machine gpu-02 joins by hand, as an agent would.
+    let join = JoinRequest {
+        join_token: api.join_token().await,
+        name: Name::parse("gpu-02").unwrap(),
+        pool: Name::parse("default").unwrap(),
+        labels: Default::default(),
+        transports: vec![],
+        capacity: Capacity { cpu_cores: CpuCores::try_from(1.0).unwrap(), memory_bytes: 1 << 30, gpus: 0 },
+        data_location: None,
+    };
+    let joined =
+        api.raw(Method::POST, "/agent/v1/join", None, Some(&serde_json::to_value(&join).unwrap())).await;
+    assert_eq!(joined.status, StatusCode::OK, "{}", joined.text);
+    let joined: JoinResponse = serde_json::from_str(&joined.text).unwrap();
+    assert_eq!(joined.machine, "gpu-02");
+    let credential = joined.credential.as_str();
+
+    // It opens no user API.
+    let drives = api.raw(Method::GET, "/api/v1/drives", Some(credential), None).await;
+    assert_eq!(drives.status, StatusCode::UNAUTHORIZED, "{}", drives.text);
+
+    // It cannot speak for another machine's worker.
+    for state in ["Completed", "Failed", "Running"] {
+        let report = json!({"state": state, "exit_code": 0, "reason": "forged"});
+        let path = format!("/agent/v1/workers/{uid}/status");
+        let answer = api.raw(Method::POST, &path, Some(credential), Some(&report)).await;
+        assert_eq!(answer.status, StatusCode::OK, "{}", answer.text);
+        assert_eq!(answer.json(), json!({"accepted": false}), "{state}");
+    }
+    let logs = json!({"lines": [{"stream": "stdout", "line": "forged line"}]});
+    let path = format!("/agent/v1/workers/{uid}/logs");
+    let answer = api.raw(Method::POST, &path, Some(credential), Some(&logs)).await;
+    assert_eq!(answer.json(), json!({"accepted": false}));
+    let after = api.worker("busy-0").await;
+    assert_eq!(after["status"], before["status"]);
+    assert_eq!(api.run("busy").await["status"]["state"], "Running");
+    assert!(!api.logs("busy-0").await.contains("forged"));
+
+    // Its own agent API answers it; a user token does not open the agent API.
+    let own = api.raw(Method::GET, "/agent/v1/assignments", Some(credential), None).await;
+    assert_eq!(own.status, StatusCode::OK, "{}", own.text);
+    assert_eq!(own.json()["workers"], json!([]));
+    let user = api.raw(Method::GET, "/agent/v1/assignments", Some(&api.token), None).await;
+    assert_eq!(user.status, StatusCode::UNAUTHORIZED, "{}", user.text);
+
+    api.delete_run("busy").await;
+    wait_gone("sleep 300.701").await;
+}
+
+#[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
+async fn a_killed_agent_makes_its_machine_not_ready_and_fails_its_worker(pool: PgPool) {
+    let mut cluster = Cluster::start(&pool).await;
+    cluster.api.create_run(&sh_run("orphan", "sleep 300.801")).await;
+    wait_running(&cluster.api, "orphan-0", "sleep 300.801").await;
+
+    cluster.agent("gpu-01").proc.kill();
+
+    let api = &cluster.api;
+    let machine = api.wait_machine("gpu-01", "NotReady").await;
+    assert_eq!(machine["status"]["allocated"]["cpu_cores"], 0.0, "{machine}");
+    let worker = api.wait_worker("orphan-0", "Failed").await;
+    let reason = worker["status"]["reason"].as_str().unwrap();
+    assert!(reason.contains("gpu-01"), "{worker}");
+    let run = api.run("orphan").await;
+    assert_eq!(run["status"]["state"], "Failed", "{run}");
+    assert!(run["status"]["reason"].as_str().unwrap().contains("gpu-01"), "{run}");
+    // The sandbox dies with its agent.
+    wait_gone("sleep 300.801").await;
+}
+
+#[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
+async fn deleting_a_running_run_stops_its_worker_and_frees_the_machine(pool: PgPool) {
+    let cluster = Cluster::start(&pool).await;
+    let api = &cluster.api;
+    api.create_run(&sh_run("doomed", "sleep 300.777")).await;
+    wait_running(api, "doomed-0", "sleep 300.777").await;
+    assert_eq!(api.machine("gpu-01").await["status"]["allocated"]["cpu_cores"], 1.0);
+
+    api.delete_run("doomed").await;
+
+    wait_gone("sleep 300.777").await;
+    eventually("gpu-01 has no cpu allocated", || async move {
+        let machine = api.machine("gpu-01").await;
+        let allocated = &machine["status"]["allocated"];
+        if allocated["cpu_cores"] == 0.0 && allocated["memory_bytes"] == 0 {
+            Ok(())
+        } else {
+            Err(allocated.to_string())
+        }
+    })
+    .await;
+    assert_eq!(api.get("/runs/doomed").await.status, StatusCode::NOT_FOUND);
+    assert_eq!(api.machine("gpu-01").await["status"]["state"], "Ready");
+}

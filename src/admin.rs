@@ -3,9 +3,9 @@
 use anyhow::Context;
 use secrecy::ExposeSecret;
 
-use crate::auth::{Keys, issue};
+use crate::auth::{Keys, issue, machine::new_join_token};
 use crate::domain::Name;
-use crate::settings::{AdminCommand, TokenArgs};
+use crate::settings::{AdminCommand, JoinTokenArgs, TokenArgs};
 use crate::store;
 
 pub async fn run(command: AdminCommand) -> anyhow::Result<()> {
@@ -19,7 +19,22 @@ pub async fn run(command: AdminCommand) -> anyhow::Result<()> {
             println!("{}", token(args).await?);
             Ok(())
         }
+        AdminCommand::JoinToken(args) => {
+            println!("{}", join_token(args).await?);
+            Ok(())
+        }
     }
+}
+
+async fn join_token(args: JoinTokenArgs) -> anyhow::Result<String> {
+    let ttl = issue::parse_ttl(&args.ttl).map_err(|e| anyhow::anyhow!("--ttl: {e}"))?;
+    let db = store::connect(args.database.url.expose_secret(), 2).await?;
+    if !store::clusters::exists(&db, &args.cluster).await? {
+        anyhow::bail!("--cluster: cluster {} does not exist", args.cluster);
+    }
+    let (token, hash) = new_join_token();
+    store::join_tokens::insert(&db, &args.cluster, &hash, chrono::Utc::now() + ttl).await?;
+    Ok(token)
 }
 
 async fn token(args: TokenArgs) -> anyhow::Result<String> {

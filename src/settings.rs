@@ -29,6 +29,8 @@ pub enum Command {
     /// Administration: signing keys and tokens.
     #[command(subcommand)]
     Admin(AdminCommand),
+    /// Measure the server through its own APIs: placement, API latency, heartbeats, copy-to-start.
+    Bench(BenchArgs),
     /// Print the OpenAPI document.
     Openapi {
         /// Write it to this file instead of standard output.
@@ -163,6 +165,19 @@ pub enum AdminCommand {
     },
     /// Print a new token, creating the workspace when missing.
     Token(TokenArgs),
+    /// Print a new join token for machines of a cluster.
+    JoinToken(JoinTokenArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct JoinTokenArgs {
+    #[arg(long, default_value = "main")]
+    pub cluster: String,
+    /// Lifetime, e.g. 1d, 12h.
+    #[arg(long, default_value = "1d")]
+    pub ttl: String,
+    #[command(flatten)]
+    pub database: DatabaseArgs,
 }
 
 #[derive(Debug, Args)]
@@ -184,4 +199,47 @@ pub struct TokenArgs {
     pub database: DatabaseArgs,
     #[arg(long, env = "ASTRAEUS_SIGNING_KEY_FILE")]
     pub signing_key_file: PathBuf,
+}
+
+/// `astraeus bench`: sizes default to the full run; `--quick` shrinks every one not given.
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// Machines at the largest size (simulated agents, all in this process).
+    #[arg(long)]
+    pub machines: Option<usize>,
+    /// Machines at the smaller placement size (default: a tenth of --machines).
+    #[arg(long)]
+    pub small_machines: Option<usize>,
+    /// Workers placed at each size.
+    #[arg(long)]
+    pub workers: Option<usize>,
+    #[arg(long)]
+    pub drives: Option<usize>,
+    /// Complete copies each machine holds before placement (and reports in each heartbeat).
+    #[arg(long)]
+    pub copies_per_machine: Option<usize>,
+    /// Offered load of the API-latency phase, requests per second.
+    #[arg(long)]
+    pub api_rate: Option<u32>,
+    /// Samples of copy-complete to start.
+    #[arg(long)]
+    pub samples: Option<usize>,
+    /// Seconds of each timed load phase.
+    #[arg(long)]
+    pub phase_seconds: Option<u64>,
+    /// Seconds between each simulated machine's background heartbeats (the agent's default is 5).
+    #[arg(long, default_value_t = 5)]
+    pub heartbeat_interval_seconds: u64,
+    /// CI-sized: finishes in under two minutes.
+    #[arg(long)]
+    pub quick: bool,
+    /// Also write the figures as JSON here.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Use this Postgres (a fresh database is made on it, and dropped after) instead of a private one.
+    #[arg(long = "database-url", env = "DATABASE_URL", hide_env_values = true)]
+    pub database_url: Option<SecretString>,
+    /// Where the private Postgres, the signing key and the server's log live (default: a temp dir).
+    #[arg(long)]
+    pub state_dir: Option<PathBuf>,
 }

@@ -76,12 +76,24 @@ impl Client {
     }
 }
 
+/// The server answered and said no (a 4xx): retrying the same request is pointless.
+#[derive(Debug, thiserror::Error)]
+#[error("the server answered {status}: {message}")]
+pub struct Refused {
+    pub status: reqwest::StatusCode,
+    pub message: String,
+}
+
+pub fn is_refusal(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| c.downcast_ref::<Refused>().is_some_and(|r| r.status.is_client_error()))
+}
+
 async fn read<R: DeserializeOwned>(resp: reqwest::Response) -> anyhow::Result<R> {
     let status = resp.status();
     if status.is_success() {
         return resp.json().await.context("the server's answer is not what the agent expects");
     }
     let body: serde_json::Value = resp.json().await.unwrap_or_default();
-    let message = body["error"]["message"].as_str().unwrap_or("no message");
-    anyhow::bail!("the server answered {status}: {message}")
+    let message = body["error"]["message"].as_str().unwrap_or("no message").to_owned();
+    Err(Refused { status, message }.into())
 }

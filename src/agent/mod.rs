@@ -57,7 +57,19 @@ impl Config {
 /// Runs until `stop` is cancelled, then stops its workers.
 pub async fn run(config: Config, stop: CancellationToken) -> anyhow::Result<()> {
     let mut client = Client::new(&config.server)?;
-    let joined = client.join(&config.join).await?;
+    // The server may still be starting: keep trying until it answers. A refusal (a bad join
+    // token, a bad name) will not change by waiting.
+    let joined = loop {
+        match client.join(&config.join).await {
+            Ok(j) => break j,
+            Err(e) if client::is_refusal(&e) => return Err(e),
+            Err(e) => tracing::warn!(error = %e, "cannot join yet; retrying"),
+        }
+        tokio::select! {
+            _ = stop.cancelled() => return Ok(()),
+            _ = tokio::time::sleep(Duration::from_secs(2)) => {}
+        }
+    };
     tracing::info!(machine = %joined.machine, cluster = %joined.cluster, "joined");
     let shared = Arc::new(Shared::default());
     let heartbeat =

@@ -1,5 +1,7 @@
 //! Workers: `<run>-<index>`, readable alone or under their run.
 
+use std::collections::BTreeMap;
+
 use axum::Json;
 use axum::extract::{Path, State};
 use chrono::{DateTime, Utc};
@@ -43,6 +45,9 @@ pub struct WorkerStatus {
     /// The machine the worker was placed on.
     pub machine: Option<String>,
     pub exit_code: Option<i32>,
+    /// How each drive kept on one machine is reached from here: `local`, `nfs` or `rdma`.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub transports: BTreeMap<String, String>,
     pub started_at: Option<DateTime<Utc>>,
     pub finished_at: Option<DateTime<Utc>>,
 }
@@ -77,6 +82,7 @@ pub fn to_object(namespace: &str, w: WorkerRecord) -> Worker {
             reason: w.reason,
             machine: w.machine,
             exit_code: w.exit_code,
+            transports: w.transports.0,
             started_at: w.started_at,
             finished_at: w.finished_at,
         },

@@ -18,13 +18,14 @@ pub struct WorkerRecord {
     pub reason: String,
     pub machine: Option<String>,
     pub exit_code: Option<i32>,
+    pub transports: Json<std::collections::BTreeMap<String, String>>,
     pub created_at: DateTime<Utc>,
     pub started_at: Option<DateTime<Utc>>,
     pub finished_at: Option<DateTime<Utc>>,
 }
 
 const SELECT: &str = "SELECT w.id, w.run_id, r.name AS run_name, w.name, w.index, w.state, w.reason,
-        mc.name AS machine, w.exit_code, w.created_at, w.started_at, w.finished_at
+        mc.name AS machine, w.exit_code, w.transports, w.created_at, w.started_at, w.finished_at
     FROM workers w JOIN runs r ON r.id = w.run_id LEFT JOIN machines mc ON mc.id = w.machine_id";
 
 pub async fn for_run(db: impl PgExecutor<'_>, run: Uuid) -> sqlx::Result<Vec<WorkerRecord>> {

@@ -237,3 +237,52 @@ mod tests {
         }
     }
 }
+
+#[cfg(test)]
+mod properties {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// Path-ish strings: components drawn from names, dots, empties and odd bytes.
+    fn pathish() -> impl Strategy<Value = String> {
+        let part = prop_oneof![
+            Just("".to_string()),
+            Just(".".to_string()),
+            Just("..".to_string()),
+            Just("%2e%2e".to_string()),
+            Just("a\0b".to_string()),
+            "[a-z0-9._-]{1,8}",
+            "\\PC{1,4}",
+        ];
+        (any::<bool>(), prop::collection::vec(part, 0..8))
+            .prop_map(|(abs, parts)| format!("{}{}", if abs { "/" } else { "" }, parts.join("/")))
+    }
+
+    proptest! {
+        /// Whatever parses as a sub-path joins below its root and never climbs out of it.
+        #[test]
+        fn a_sub_path_never_leaves_its_root(s in pathish()) {
+            if let Ok(sub) = SubPath::parse(&s) {
+                let root = AbsPath::parse("/data/drives/ws.d").unwrap();
+                let joined = if sub.is_empty() { root.to_string() } else { format!("{root}/{}", sub.as_str()) };
+                let joined = AbsPath::parse(&joined).expect("a joined sub-path is a normal path");
+                prop_assert!(joined.is_within(&root));
+                prop_assert!(sub.components().all(|c| c != ".." && c != "." && !c.is_empty()));
+                prop_assert!(!sub.as_str().contains('\0'));
+            }
+        }
+
+        /// A host path inside a grant stays inside it by components, and parsing is idempotent.
+        #[test]
+        fn absolute_paths_are_normal_and_within_compares_components(s in pathish(), g in pathish()) {
+            if let (Ok(p), Ok(grant)) = (AbsPath::parse(&s), AbsPath::parse(&g)) {
+                prop_assert_eq!(AbsPath::parse(p.as_str()).unwrap(), p.clone());
+                let by_prefix = p.as_str() == grant.as_str()
+                    || grant.is_root()
+                    || p.as_str().starts_with(&format!("{}/", grant.as_str()));
+                prop_assert_eq!(p.is_within(&grant), by_prefix);
+            }
+        }
+    }
+}

@@ -154,3 +154,51 @@ async fn a_fill_must_name_secrets_that_exist_and_keeps_them(db: sqlx::PgPool) {
     assert_eq!(reply.status, 409, "{}", reply.text);
     assert_eq!(reply.message(), "secret hf is used by drive food101: delete it first");
 }
+
+/// `pg_dump` from PATH, or from the newest server install.
+fn pg_dump() -> std::path::PathBuf {
+    let installed = std::fs::read_dir("/usr/lib/postgresql")
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.ok().map(|e| e.path().join("bin/pg_dump")))
+        .filter(|p| p.exists())
+        .max();
+    installed.unwrap_or_else(|| "pg_dump".into())
+}
+
+#[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
+async fn a_database_dump_holds_no_token_and_no_secret_value(db: sqlx::PgPool) {
+    let app = spawn_app(db).await;
+    assert_eq!(create_secret(&app, &hf_secret()).await.status, 201);
+    let admin = app.token_for("default", astraeus::domain::role::Role::Admin, false).await;
+    let minted = app
+        .request(
+            reqwest::Method::POST,
+            "/tokens",
+            Some(&admin),
+            Some(&json!({"name": "ci", "role": "viewer"})),
+        )
+        .await;
+    assert_eq!(minted.status, 201, "{}", minted.text);
+    let viewer = minted.json()["token"].as_str().unwrap().to_owned();
+
+    let options = app.db.connect_options();
+    let base = std::env::var("DATABASE_URL").expect("DATABASE_URL is set for database tests");
+    let mut url = reqwest::Url::parse(&base).unwrap();
+    url.set_path(options.get_database().unwrap());
+    let dump = std::process::Command::new(pg_dump())
+        .args(["--no-owner", "--inserts", "--dbname", url.as_str()])
+        .output()
+        .expect("pg_dump runs");
+    assert!(dump.status.success(), "{}", String::from_utf8_lossy(&dump.stderr));
+    let text = String::from_utf8_lossy(&dump.stdout);
+    assert!(text.contains("INSERT INTO public.secrets"), "the dump has the secrets table's rows");
+    for (what, needle) in
+        [("secret value", VALUE), ("editor token", app.token.as_str()), ("viewer token", viewer.as_str())]
+    {
+        assert!(!text.contains(needle), "the dump holds the {what}");
+    }
+    // Not even a token's signature part alone.
+    let signature = viewer.rsplit('.').next().unwrap();
+    assert!(!text.contains(signature));
+}

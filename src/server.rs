@@ -22,7 +22,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let db = store::connect(args.database.url.expose_secret(), args.database.max_connections).await?;
     let listener =
         TcpListener::bind(args.listen).await.with_context(|| format!("cannot listen on {}", args.listen))?;
-    let app = AppState::new(db, Arc::new(keys));
+    let app = AppState::new(db, Arc::new(keys)).with_rate_limit(args.rate_limit_per_token);
     let stop = CancellationToken::new();
     let loops = start_loops(&app, &args.controllers, &stop);
     tokio::spawn({
@@ -62,7 +62,7 @@ pub fn start_loops(app: &AppState, c: &ControllerArgs, stop: &CancellationToken)
     });
     let refill_after = Duration::from_secs(c.refill_after_seconds);
     set.spawn(scheduler::run(app.db.clone(), app.hub.clone(), refill_after, stop.clone()));
-    set.spawn(janitor::run(app.db.clone(), stop.clone()));
+    set.spawn(janitor::run(app.db.clone(), app.limiter.clone(), stop.clone()));
     set.spawn(liveness::run(app.db.clone(), Duration::from_secs(c.heartbeat_grace_seconds), stop.clone()));
     set
 }

@@ -61,6 +61,7 @@ impl FromRequestParts<AppState> for Caller {
             TokenError::Expired => ApiError::Unauthorized("the token has expired".into()),
             TokenError::Invalid(why) => ApiError::Unauthorized(format!("the token is not valid ({why})")),
         })?;
+        app.limiter.check(claims.jti).map_err(ApiError::TooManyRequests)?;
         if !store::tokens::is_active(&app.db, claims.jti).await? {
             return Err(ApiError::Unauthorized(
                 "the token has been revoked, or was never issued here".into(),

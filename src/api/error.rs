@@ -30,6 +30,8 @@ pub enum ApiError {
     UnsupportedMediaType(String),
     #[error("invalid request")]
     Invalid(Vec<FieldError>),
+    #[error("too many requests from this token: retry in {} ms", .0.as_millis())]
+    TooManyRequests(std::time::Duration),
     #[error("the database is unavailable")]
     Unavailable(#[source] sqlx::Error),
     #[error("internal error")]
@@ -45,7 +47,7 @@ pub struct ErrorBody {
 #[derive(Debug, Serialize, ToSchema)]
 pub struct ErrorDetail {
     /// Stable, machine-readable: `bad_request`, `unauthorized`, `forbidden`, `not_found`,
-    /// `method_not_allowed`, `conflict`, `gone`, `payload_too_large`, `unsupported_media_type`,
+    /// `method_not_allowed`, `conflict`, `gone`, `too_many_requests`, `payload_too_large`, `unsupported_media_type`,
     /// `invalid`, `unavailable`, `internal`.
     pub code: &'static str,
     pub message: String,
@@ -76,6 +78,7 @@ impl ApiError {
                 (StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type")
             }
             ApiError::Invalid(_) => (StatusCode::UNPROCESSABLE_ENTITY, "invalid"),
+            ApiError::TooManyRequests(_) => (StatusCode::TOO_MANY_REQUESTS, "too_many_requests"),
             ApiError::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
             ApiError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
         }
@@ -107,6 +110,10 @@ pub fn on_constraint(
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let (status, code) = self.parts();
+        let retry_after = match &self {
+            ApiError::TooManyRequests(wait) => Some(wait.as_secs().max(1).to_string()),
+            _ => None,
+        };
         let (message, fields) = match self {
             ApiError::BadRequest { message, fields } => (message, fields),
             ApiError::Invalid(fields) => {
@@ -124,6 +131,9 @@ impl IntoResponse for ApiError {
             other => (other.to_string(), vec![]),
         };
         let body = Json(ErrorBody { error: ErrorDetail { code, message, fields } });
+        if let Some(seconds) = retry_after {
+            return (status, [(header::RETRY_AFTER, seconds)], body).into_response();
+        }
         if status == StatusCode::UNAUTHORIZED {
             // RFC 6750: say which scheme the API expects.
             return (status, [(header::WWW_AUTHENTICATE, "Bearer")], body).into_response();

@@ -8,6 +8,7 @@ pub mod error;
 pub mod events;
 pub mod extract;
 pub mod health;
+pub mod limit;
 pub mod list;
 pub mod logs;
 pub mod machines;
@@ -44,12 +45,28 @@ pub struct AppState {
     pub db: PgPool,
     pub keys: Arc<Keys>,
     pub hub: Arc<Hub>,
+    pub limiter: limit::Limiter,
 }
 
+/// Requests a second one token may make, by default.
+pub const DEFAULT_RATE_LIMIT: u32 = 1000;
+
 impl AppState {
-    /// State over `db`; call [`AppState::start_background`] to also listen for notifications.
+    /// State over `db`; the control loops and the notification listener start separately
+    /// (`server::start_loops`).
     pub fn new(db: PgPool, keys: Arc<Keys>) -> AppState {
-        AppState { db, keys, hub: Arc::new(Hub::default()) }
+        AppState {
+            db,
+            keys,
+            hub: Arc::new(Hub::default()),
+            limiter: limit::Limiter::per_token(DEFAULT_RATE_LIMIT),
+        }
+    }
+
+    /// Another per-token rate limit; 0 turns it off.
+    pub fn with_rate_limit(mut self, per_second: u32) -> AppState {
+        self.limiter = limit::Limiter::per_token(per_second);
+        self
     }
 }
 

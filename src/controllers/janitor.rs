@@ -1,10 +1,12 @@
-//! Housekeeping: old events expire and the change log behind watches is compacted.
+//! Housekeeping: old events expire, the change log behind watches is compacted, and idle
+//! tokens leave the rate limiter.
 
 use std::time::Duration;
 
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
+use crate::api::limit::Limiter;
 use crate::store;
 
 /// Events not seen for an hour go.
@@ -13,8 +15,9 @@ const EVENT_AGE: Duration = Duration::from_secs(3600);
 const CHANGE_AGE: Duration = Duration::from_secs(900);
 const EVERY: Duration = Duration::from_secs(60);
 
-pub async fn run(db: PgPool, stop: CancellationToken) {
+pub async fn run(db: PgPool, limiter: Limiter, stop: CancellationToken) {
     loop {
+        limiter.forget_idle();
         if let Err(e) = tick(&db).await {
             tracing::warn!(error = %e, "housekeeping failed");
         }

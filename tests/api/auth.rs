@@ -311,3 +311,33 @@ async fn only_an_organisation_admin_mints_organisation_admin_tokens(db: sqlx::Pg
     let workspaces = app.request(Method::GET, "/workspaces", Some(&minted), None).await;
     assert_eq!(workspaces.status, 200, "the minted token is an organisation admin: {}", workspaces.text);
 }
+
+#[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
+async fn a_flood_from_one_token_gets_429_with_retry_after_and_spares_other_tokens(db: sqlx::PgPool) {
+    let app = spawn_app(db.clone()).await;
+    // A second server over the same database with a limit of 5 a second (bursts of 10).
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}/api/v1", listener.local_addr().unwrap());
+    let router = astraeus::api::router(astraeus::api::AppState::new(db, app.keys.clone()).with_rate_limit(5));
+    tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
+    let get = |token: String| {
+        let (client, url) = (app.client.clone(), format!("{base}/drives"));
+        async move { client.get(url).bearer_auth(token).send().await.unwrap() }
+    };
+    let mut limited = None;
+    for _ in 0..40 {
+        let resp = get(app.token.clone()).await;
+        if resp.status() == 429 {
+            limited = Some(resp);
+            break;
+        }
+        assert_eq!(resp.status(), 200);
+    }
+    let resp = limited.expect("40 requests at once from one token are limited");
+    let retry: u64 = resp.headers()["retry-after"].to_str().unwrap().parse().unwrap();
+    assert!(retry >= 1);
+    let body: serde_json::Value = resp.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "too_many_requests");
+    let other = app.token_for("default", Role::Viewer, false).await;
+    assert_eq!(get(other).await.status(), 200, "another token is not slowed");
+}

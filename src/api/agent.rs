@@ -142,10 +142,9 @@ async fn heartbeat(
     let bytes: Vec<i64> = req.copies.iter().map(|c| clamp(c.bytes)).collect();
     let complete: Vec<bool> = req.copies.iter().map(|c| c.complete).collect();
     metrics::counter!("astraeus_heartbeats_total").increment(1);
+    // Rows are locked in one order everywhere, copies, then workers, then machines, so that
+    // heartbeats, placement and deletions never wait on each other in a circle.
     let mut tx = app.db.begin().await?;
-    let beat = store::machines::heartbeat(&mut *tx, caller.id, &usage)
-        .await?
-        .ok_or_else(|| ApiError::Unauthorized(format!("machine {} is not registered", caller.name)))?;
     let copies = store::copies::reconcile(&mut tx, caller.id, &folders, &bytes, &complete).await?;
     for (drive, bytes) in &copies.completed {
         metrics::counter!("astraeus_fill_bytes_total").increment((*bytes).max(0) as u64);
@@ -163,6 +162,9 @@ async fn heartbeat(
         }
         hub::request_schedule(&mut *tx).await?;
     }
+    let beat = store::machines::heartbeat(&mut *tx, caller.id, &usage)
+        .await?
+        .ok_or_else(|| ApiError::Unauthorized(format!("machine {} is not registered", caller.name)))?;
     if beat.old_state != "Ready" {
         tracing::info!(machine = %caller.name, "machine is Ready again");
         hub::request_schedule(&mut *tx).await?;
@@ -294,6 +296,10 @@ async fn report_status(
     Body(report): Body<StatusReport>,
 ) -> Result<Json<Ack>, ApiError> {
     let mut tx = app.db.begin().await?;
+    // Runs, then workers, then machines: the order every transaction locks in.
+    if store::workers::lock_run_of(&mut tx, id).await?.is_none() {
+        return Ok(Json(Ack { accepted: false }));
+    }
     let run = match report.state {
         WorkerState::Running => store::workers::start(&mut tx, id, caller.id).await?,
         WorkerState::Completed | WorkerState::Failed => {

@@ -24,34 +24,37 @@ pub async fn run(db: PgPool, grace: Duration, stop: CancellationToken) {
 
 /// Marks silent machines NotReady and fails their live workers; returns how many machines.
 pub async fn tick(db: &PgPool, grace: Duration) -> anyhow::Result<usize> {
-    let mut tx = db.begin().await?;
-    let lost = store::machines::mark_unresponsive(&mut *tx, grace).await?;
-    for m in &lost {
-        tracing::warn!(machine = %m.name, "no heartbeat within the grace period: NotReady");
-        let reason = format!("machine {} stopped responding (no heartbeat for {}s)", m.name, grace.as_secs());
+    let mut lost = 0;
+    for (id, name) in store::machines::silent(db, grace).await? {
+        let mut tx = db.begin().await?;
+        let reason = format!("machine {name} stopped responding (no heartbeat for {}s)", grace.as_secs());
+        // Runs, then workers, then the machine: the order every transaction locks in.
+        for worker in store::workers::live_on_machine(&mut *tx, id).await? {
+            let Some(run) = store::workers::lock_run_of(&mut tx, worker).await? else { continue };
+            if store::workers::finish(&mut tx, worker, None, WorkerState::Failed, &reason, None).await?.is_some() {
+                store::workers::refresh_run(&mut tx, run).await?;
+                hub::worker_changed(&mut *tx, worker).await?;
+            }
+        }
+        if !store::machines::mark_not_ready(&mut *tx, id, grace).await? {
+            // It spoke up meanwhile: leave its workers be.
+            tx.rollback().await?;
+            continue;
+        }
+        tracing::warn!(machine = %name, "no heartbeat within the grace period: NotReady");
         let event = store::events::New {
             workspace: None,
             object_kind: "machine",
-            object_name: &m.name,
+            object_name: &name,
             warning: true,
             reason: "NotReady",
             message: &format!("no heartbeat for {}s", grace.as_secs()),
             source: "liveness",
         };
         store::events::record(&mut *tx, &event).await?;
-        for worker in store::workers::live_on_machine(&mut *tx, m.id).await? {
-            if let Some(run) =
-                store::workers::finish(&mut tx, worker, None, WorkerState::Failed, &reason, None).await?
-            {
-                store::workers::refresh_run(&mut tx, run).await?;
-                hub::worker_changed(&mut *tx, worker).await?;
-            }
-        }
+        store::machines::touch_assignments(&mut *tx, &[id]).await?;
+        tx.commit().await?;
+        lost += 1;
     }
-    if !lost.is_empty() {
-        let ids: Vec<_> = lost.iter().map(|m| m.id).collect();
-        store::machines::touch_assignments(&mut *tx, &ids).await?;
-    }
-    tx.commit().await?;
-    Ok(lost.len())
+    Ok(lost)
 }

@@ -56,4 +56,20 @@ mod tests {
         // Everything evictable is still short of 99_000: all three go, the caller sees too little.
         assert_eq!(plan(&copies, 99_000), vec![id(5), id(2), id(1)]);
     }
+
+    #[test]
+    fn only_whole_copies_are_evicted_and_equal_ages_go_in_drive_order() {
+        let id = Uuid::from_u128;
+        let state = |s: CopyState| CopyView { state: s, ..copy(5_000, None, true, false) };
+        let copies = HashMap::from([
+            (id(1), state(CopyState::Filling)),
+            (id(2), state(CopyState::Failed)),
+            (id(3), state(CopyState::Evicting)),
+            (id(7), copy(1_000, Some(5), true, false)),
+            (id(6), copy(1_000, Some(5), true, false)),
+        ]);
+        // Only the two whole copies count, 1_000 each; used the same day, drive 6 goes first.
+        assert_eq!(plan(&copies, 500), vec![id(6)]);
+        assert_eq!(plan(&copies, 1_500), vec![id(6), id(7)]);
+    }
 }

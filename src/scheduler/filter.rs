@@ -200,4 +200,35 @@ mod tests {
             assert_eq!(fits(&m, &r).err().unwrap_or_default(), why);
         }
     }
+
+    #[test]
+    fn every_missing_drive_needs_room_at_once_and_a_copy_being_filled_needs_none() {
+        let drive = |n: u128, name: &str, size_hint: i64| DriveNeed {
+            id: Uuid::from_u128(n),
+            name: name.into(),
+            full: format!("default.{name}"),
+            size_hint,
+            ..food101()
+        };
+        let (m, mut r) = (machine(), request());
+        // 1.5 GB fits in 2.1 GB; 1.5 + 1.5 = 3.0 GB does not: the second drive is named.
+        r.drives = vec![drive(1, "cifar", 1_500_000_000), drive(2, "imagenet", 1_500_000_000)];
+        assert_eq!(
+            fits(&m, &r),
+            Err("drive imagenet needs 1.5 GB at this machine's data location, 2.1 GB free".into())
+        );
+        // With cifar's copy already being filled here, only imagenet needs room.
+        let mut filling = m.clone();
+        filling
+            .copies
+            .insert(Uuid::from_u128(1), CopyView { state: CopyState::Filling, ..old_copy(0, false) });
+        assert_eq!(fits(&filling, &r), Ok(()));
+        // Drives that are not placed need no data location at all.
+        let mut none = m.clone();
+        none.data_free = None;
+        let mut shared = food101();
+        shared.scope = Some("shared".into());
+        r.drives = vec![shared];
+        assert_eq!(fits(&none, &r), Ok(()));
+    }
 }

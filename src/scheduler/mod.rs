@@ -132,6 +132,10 @@ async fn pass(db: &PgPool) -> anyhow::Result<(usize, usize)> {
         };
         let charge =
             Charge { cpu_millis: request.cpu_millis, memory_bytes: request.memory_bytes, gpus: request.gpus };
+        // Copies before the machine row: every transaction locks copies, then workers, then
+        // machines, so none waits on another in a circle. Should the bind lose a race with
+        // another replica, the fill controller drops the copies nobody waits for.
+        make_room(&mut tx, m, &lacking).await?;
         if !store::workers::bind(&mut tx, w.id, m.id, charge, released, &reason).await? {
             continue;
         }
@@ -141,7 +145,6 @@ async fn pass(db: &PgPool) -> anyhow::Result<(usize, usize)> {
         m.take(charge.cpu_millis, charge.memory_bytes, charge.gpus);
         touched.push(m.id);
         placed += 1;
-        make_room(&mut tx, m, &lacking).await?;
         if !transports.is_empty() {
             store::workers::set_transports(&mut *tx, w.id, &transports).await?;
         }

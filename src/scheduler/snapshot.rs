@@ -160,4 +160,31 @@ mod tests {
         // The disk is the tighter bound: 2_000 free, less 5_000 promised = -3_000.
         assert_eq!(data_free(2_000, Some(10_000), &copies), -3_000);
     }
+
+    #[test]
+    fn only_whole_unused_evictable_copies_are_reclaimable() {
+        let mut copies = HashMap::new();
+        copies.insert(Uuid::from_u128(1), copy(CopyState::Complete, 3_000, 3_000));
+        copies.insert(Uuid::from_u128(2), CopyView { in_use: true, ..copy(CopyState::Complete, 500, 500) });
+        copies
+            .insert(Uuid::from_u128(3), CopyView { evictable: false, ..copy(CopyState::Complete, 700, 700) });
+        copies.insert(Uuid::from_u128(4), copy(CopyState::Filling, 900, 6_000));
+        copies.insert(Uuid::from_u128(5), copy(CopyState::Evicting, 1_100, 1_100));
+        let m = MachineView {
+            id: Uuid::nil(),
+            name: "gpu-01".into(),
+            cluster: "main".into(),
+            ready: true,
+            transports: vec![],
+            cpu_total: 2000,
+            memory_total: 1,
+            cpu_free: 2000,
+            memory_free: 1,
+            gpus_free: 0,
+            data_free: Some(0),
+            copies,
+        };
+        // Only copy 1: 2 is in use, 3 is not evictable, 4 is being filled, 5 is already going.
+        assert_eq!(m.reclaimable(), 3_000);
+    }
 }

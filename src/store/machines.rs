@@ -157,19 +157,28 @@ pub async fn confirm_data_location(
     .await
 }
 
-/// Marks Ready machines whose last heartbeat is older than `grace` NotReady; returns them.
-pub async fn mark_unresponsive(
-    db: impl PgExecutor<'_>,
-    grace: std::time::Duration,
-) -> sqlx::Result<Vec<MachineRecord>> {
-    sqlx::query_as(&format!(
-        "UPDATE machines SET state = 'NotReady'
-         WHERE state = 'Ready' AND last_heartbeat_at < now() - make_interval(secs => $1)
-         RETURNING {COLUMNS}"
-    ))
+/// Ready machines whose last heartbeat is older than `grace`: `(id, name)`.
+pub async fn silent(db: impl PgExecutor<'_>, grace: std::time::Duration) -> sqlx::Result<Vec<(Uuid, String)>> {
+    sqlx::query_as(
+        "SELECT id, name FROM machines
+         WHERE state = 'Ready' AND last_heartbeat_at < now() - make_interval(secs => $1)",
+    )
     .bind(grace.as_secs_f64())
     .fetch_all(db)
     .await
+}
+
+/// Marks the machine NotReady if it is still silent; false when a heartbeat came meanwhile.
+pub async fn mark_not_ready(db: impl PgExecutor<'_>, id: Uuid, grace: std::time::Duration) -> sqlx::Result<bool> {
+    let done = sqlx::query(
+        "UPDATE machines SET state = 'NotReady'
+         WHERE id = $1 AND state = 'Ready' AND last_heartbeat_at < now() - make_interval(secs => $2)",
+    )
+    .bind(id)
+    .bind(grace.as_secs_f64())
+    .execute(db)
+    .await?;
+    Ok(done.rows_affected() == 1)
 }
 
 /// Bumps the machines' assignment versions and wakes their agents' long-polls, on commit.

@@ -233,4 +233,53 @@ mod tests {
         let (changes, _) = run(&[], Some(CopyState::Complete), &[]);
         assert!(changes.is_empty());
     }
+
+    #[test]
+    fn an_evicted_copy_is_made_again_only_once_its_folder_is_gone() {
+        // Still on disk: the worker waits, nothing is made.
+        let (changes, _) =
+            run(&[waiting()], Some(CopyState::Evicting), &[fill(RunState::Completed, Some(60))]);
+        assert!(changes.is_empty());
+        // Gone: a copy is made, and (next round) its old fill, long completed, runs again.
+        let (changes, _) = run(&[waiting()], None, &[fill(RunState::Completed, Some(60))]);
+        assert_eq!(changes, vec![Change::EnsureCopy { drive: id(1), machine: id(2) }]);
+        let (changes, _) =
+            run(&[waiting()], Some(CopyState::Filling), &[fill(RunState::Completed, Some(60))]);
+        assert_eq!(changes, vec![Change::Refill { run: id(5), drive: id(1), machine: id(2) }]);
+    }
+
+    #[test]
+    fn failed_copies_nobody_waits_for_are_dropped_and_told_workers_are_not_told_again() {
+        let (changes, _) = run(&[], Some(CopyState::Failed), &[]);
+        assert_eq!(changes, vec![Change::DropCopy { drive: id(1), machine: id(2) }]);
+        // The failed fill run is kept while it exists, so its logs can be read.
+        let (changes, _) = run(&[], Some(CopyState::Failed), &[fill(RunState::Failed, Some(1))]);
+        assert!(changes.is_empty());
+        let told = Waiting {
+            reason: "Waiting for drive default.food101 to be filled on gpu-01: its fill failed, \
+                     read its logs: astra astraeus logs fill-food101-gpu-01-0"
+                .into(),
+            ..waiting()
+        };
+        let (changes, _) = run(&[told], Some(CopyState::Failed), &[fill(RunState::Failed, Some(1))]);
+        assert!(changes.is_empty());
+    }
+
+    #[test]
+    fn the_next_look_is_at_the_earliest_refill_due() {
+        let (a, b) = ((id(1), id(2)), (id(3), id(4)));
+        let copies = HashMap::from([(a, CopyState::Filling), (b, CopyState::Filling)]);
+        // Ended 4 and 7 minutes ago with a 10-minute interval: due in 6 and 3 minutes.
+        let fills = [
+            Fill { drive: a.0, machine: a.1, ..fill(RunState::Completed, Some(4)) },
+            Fill { run: id(6), drive: b.0, machine: b.1, ..fill(RunState::Completed, Some(7)) },
+        ];
+        let waits = [
+            Waiting { drive: a.0, machine: a.1, ..waiting() },
+            Waiting { worker: id(10), drive: b.0, machine: b.1, ..waiting() },
+        ];
+        let (changes, next) = plan(&waits, &copies, &fills, now(), 10 * MIN);
+        assert!(changes.is_empty());
+        assert_eq!(next, Some(3 * MIN));
+    }
 }

@@ -31,7 +31,10 @@ pub async fn tick(db: &PgPool, grace: Duration) -> anyhow::Result<usize> {
         // Runs, then workers, then the machine: the order every transaction locks in.
         for worker in store::workers::live_on_machine(&mut *tx, id).await? {
             let Some(run) = store::workers::lock_run_of(&mut tx, worker).await? else { continue };
-            if store::workers::finish(&mut tx, worker, None, WorkerState::Failed, &reason, None).await?.is_some() {
+            if store::workers::finish(&mut tx, worker, None, WorkerState::Failed, &reason, None)
+                .await?
+                .is_some()
+            {
                 store::workers::refresh_run(&mut tx, run).await?;
                 hub::worker_changed(&mut *tx, worker).await?;
             }

@@ -158,7 +158,10 @@ pub async fn confirm_data_location(
 }
 
 /// Ready machines whose last heartbeat is older than `grace`: `(id, name)`.
-pub async fn silent(db: impl PgExecutor<'_>, grace: std::time::Duration) -> sqlx::Result<Vec<(Uuid, String)>> {
+pub async fn silent(
+    db: impl PgExecutor<'_>,
+    grace: std::time::Duration,
+) -> sqlx::Result<Vec<(Uuid, String)>> {
     sqlx::query_as(
         "SELECT id, name FROM machines
          WHERE state = 'Ready' AND last_heartbeat_at < now() - make_interval(secs => $1)",
@@ -169,7 +172,11 @@ pub async fn silent(db: impl PgExecutor<'_>, grace: std::time::Duration) -> sqlx
 }
 
 /// Marks the machine NotReady if it is still silent; false when a heartbeat came meanwhile.
-pub async fn mark_not_ready(db: impl PgExecutor<'_>, id: Uuid, grace: std::time::Duration) -> sqlx::Result<bool> {
+pub async fn mark_not_ready(
+    db: impl PgExecutor<'_>,
+    id: Uuid,
+    grace: std::time::Duration,
+) -> sqlx::Result<bool> {
     let done = sqlx::query(
         "UPDATE machines SET state = 'NotReady'
          WHERE id = $1 AND state = 'Ready' AND last_heartbeat_at < now() - make_interval(secs => $2)",

@@ -346,8 +346,10 @@ pub async fn identity(db: impl PgExecutor<'_>, worker: Uuid) -> sqlx::Result<Opt
 
 /// Locks the run of a worker, first: transactions lock runs, then workers, then machines.
 pub async fn lock_run_of(tx: &mut PgConnection, worker: Uuid) -> sqlx::Result<Option<Uuid>> {
-    sqlx::query_scalar("SELECT r.id FROM runs r JOIN workers w ON w.run_id = r.id WHERE w.id = $1 FOR UPDATE OF r")
-        .bind(worker)
-        .fetch_optional(&mut *tx)
-        .await
+    sqlx::query_scalar(
+        "SELECT r.id FROM runs r JOIN workers w ON w.run_id = r.id WHERE w.id = $1 FOR UPDATE OF r",
+    )
+    .bind(worker)
+    .fetch_optional(&mut *tx)
+    .await
 }

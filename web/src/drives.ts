@@ -1,0 +1,41 @@
+// What a drive's spec means in the console's words.
+import type { Drive, DriveSpec, Run } from './api';
+
+export type Kind = 'placed' | 'shared' | 'node';
+
+export const KIND_LABELS: Record<Kind, string> = {
+  placed: "On each machine's data location",
+  shared: 'On a shared filesystem',
+  node: 'On one machine',
+};
+
+export function kindOf(spec: DriveSpec): Kind {
+  const s = spec.sources[0];
+  if (s?.node) return 'node';
+  return s?.node_scope === 'shared' ? 'shared' : 'placed';
+}
+
+export function kindText(spec: DriveSpec): string {
+  const kind = kindOf(spec);
+  return kind === 'node' ? `${KIND_LABELS.node} (${spec.sources[0].node})` : KIND_LABELS[kind];
+}
+
+export function accessText(mode: string | null | undefined): string {
+  return mode === 'ReadWrite' ? 'Read-write' : 'Read-only';
+}
+
+/** A fill run is `fill-<drive>-<machine>`, pinned to that machine. */
+export function isFillOf(run: Run, drive: string): boolean {
+  const names = run.spec.task_template.requested_resources.node_selection?.names ?? [];
+  return names.length === 1 && run.metadata.name === `fill-${drive}-${names[0]}`;
+}
+
+export function copiesSummary(d: Drive): string {
+  if (d.copies.length === 0) return 'none';
+  const complete = d.copies.filter((c) => c.complete).length;
+  const parts = [];
+  if (complete) parts.push(`${complete} complete`);
+  const filling = d.copies.length - complete;
+  if (filling) parts.push(`${filling} filling`);
+  return parts.join(', ');
+}

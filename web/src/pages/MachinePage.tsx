@@ -1,0 +1,293 @@
+import { useState } from 'preact/hooks';
+import { ApiError, type Drive, enc, get, type List, type Machine, post, type Run, type Worker } from '../api';
+import { can } from '../auth';
+import { bytes, cores, mem } from '../format';
+import { Events } from '../events';
+import { usePoll, useTitle } from '../hooks';
+import { DataLocationBar } from '../machines';
+import { Link } from '../router';
+import { described, ErrorNote, Field, FormError, Loading, NotFound, StateBadge, TableWrap, Time } from '../ui';
+
+export function MachinePage({ name }: { name: string }) {
+  useTitle(`Machine ${name}`);
+  const machine = usePoll(`machine:${name}`, (signal) => get<Machine>(`/machines/${enc(name)}`, signal));
+  const drives = usePoll('drives', (signal) => get<List<Drive>>('/drives?limit=1000', signal));
+  // Workers are read through their runs: those of runs not yet ended, placed here.
+  const workers = usePoll(`machine-workers:${name}`, async (signal) => {
+    const runs = await get<List<Run>>('/runs?limit=1000', signal);
+    const lists = await Promise.all(
+      runs.items.map((r) => get<List<Worker>>(`/runs/${enc(r.metadata.name)}/workers`, signal).catch(() => ({ items: [] }))),
+    );
+    return lists.flatMap((l) => l.items).filter((w) => w.status.machine === name);
+  });
+
+  if (machine.error instanceof ApiError && machine.error.status === 404) {
+    return <NotFound what={`Machine ${name}`} back="/machines" backText="Back to Machines" />;
+  }
+  const m = machine.data;
+  const copies = (drives.data?.items ?? []).flatMap((d) =>
+    d.copies.filter((c) => c.node === name).map((c) => ({ drive: d.metadata.name, hint: d.spec.size_hint_bytes, ...c })),
+  );
+
+  return (
+    <>
+      <p class="crumbs">
+        <Link href="/machines">Machines</Link> /
+      </p>
+      <div class="page-head">
+        <h1>{name}</h1>
+        {m ? <StateBadge state={m.status.state} /> : null}
+      </div>
+      <ErrorNote error={machine.error} />
+      {!m ? (
+        machine.error ? null : <Loading what="the machine" />
+      ) : (
+        <>
+          <dl class="facts">
+            <dt>Cluster</dt>
+            <dd>
+              {m.spec.cluster} · pool {m.spec.pool}
+            </dd>
+            <dt>CPU</dt>
+            <dd>
+              {m.status.allocated.cpu_cores} of {cores(m.spec.capacity.cpu_cores)} held by workers
+            </dd>
+            <dt>Memory</dt>
+            <dd>
+              {mem(m.status.allocated.memory_bytes)} of {mem(m.spec.capacity.memory_bytes)} held by workers
+            </dd>
+            <dt>GPUs</dt>
+            <dd>
+              {m.status.allocated.gpus ?? 0} of {m.spec.capacity.gpus ?? 0}
+            </dd>
+            <dt>Transports</dt>
+            <dd>{m.spec.transports.length ? m.spec.transports.join(', ') : 'none'}</dd>
+            <dt>Last heartbeat</dt>
+            <dd>
+              <Time iso={m.status.last_heartbeat_at} />
+            </dd>
+            {Object.keys(m.metadata.labels).length ? (
+              <>
+                <dt>Labels</dt>
+                <dd>
+                  {Object.entries(m.metadata.labels).map(([k, v]) => (
+                    <code class="tag" key={k}>
+                      {k}={v}
+                    </code>
+                  ))}
+                </dd>
+              </>
+            ) : null}
+          </dl>
+
+          <DataLocation machine={m} onChanged={machine.reload} />
+
+          <section aria-labelledby="copies">
+            <h2 id="copies">Copies</h2>
+            <ErrorNote error={drives.error} />
+            {copies.length === 0 ? (
+              <p class="empty">This machine holds no copy of your workspace's drives.</p>
+            ) : (
+              <TableWrap label="Copies on this machine">
+                <table>
+                  <thead>
+                    <tr>
+                      <th scope="col">Drive</th>
+                      <th scope="col">Folder</th>
+                      <th scope="col">Size</th>
+                      <th scope="col">State</th>
+                      <th scope="col">Last used</th>
+                    </tr>
+                  </thead>
+                  <tbody>
+                    {copies.map((c) => (
+                      <tr key={c.drive}>
+                        <th scope="row">
+                          <Link href={`/drives/${c.drive}`}>{c.drive}</Link>
+                        </th>
+                        <td>
+                          <code class="path">{c.folder}</code>
+                        </td>
+                        <td>
+                          {bytes(c.bytes)}
+                          {!c.complete && c.hint ? <span class="muted"> of {bytes(c.hint)} expected</span> : null}
+                        </td>
+                        <td>
+                          {c.complete ? <span class="badge state-completed">Complete</span> : <StateBadge state={c.state} />}
+                        </td>
+                        <td>
+                          <Time iso={c.last_used_at} />
+                        </td>
+                      </tr>
+                    ))}
+                  </tbody>
+                </table>
+              </TableWrap>
+            )}
+          </section>
+
+          <section aria-labelledby="workers">
+            <h2 id="workers">Workers</h2>
+            <ErrorNote error={workers.error} />
+            {!workers.data ? (
+              workers.error ? null : <Loading what="workers" />
+            ) : workers.data.length === 0 ? (
+              <p class="empty">No worker of a run that has not ended is on this machine.</p>
+            ) : (
+              <TableWrap label="Workers on this machine">
+                <table>
+                  <thead>
+                    <tr>
+                      <th scope="col">Worker</th>
+                      <th scope="col">State</th>
+                      <th scope="col">Reason</th>
+                      <th scope="col">Started</th>
+                    </tr>
+                  </thead>
+                  <tbody>
+                    {workers.data.map((w) => (
+                      <tr key={w.metadata.uid}>
+                        <th scope="row">
+                          <Link href={`/runs/${w.metadata.run}?worker=${enc(w.metadata.name)}`}>{w.metadata.name}</Link>
+                        </th>
+                        <td>
+                          <StateBadge state={w.status.state} />
+                        </td>
+                        <td class="reason">{w.status.reason}</td>
+                        <td>
+                          <Time iso={w.status.started_at} />
+                        </td>
+                      </tr>
+                    ))}
+                  </tbody>
+                </table>
+              </TableWrap>
+            )}
+          </section>
+          <Events object={`machine/${name}`} />
+        </>
+      )}
+    </>
+  );
+}
+
+/** Machines → machine → Data location → Confirm. */
+function DataLocation({ machine, onChanged }: { machine: Machine; onChanged: () => void }) {
+  const d = machine.status.data_location;
+  const [editing, setEditing] = useState(false);
+  const [path, setPath] = useState(d.path ?? d.proposed ?? '');
+  const [limit, setLimit] = useState(d.limit_bytes ? String(+(d.limit_bytes / 1e9).toFixed(3)) : '');
+  const [local, setLocal] = useState<string>();
+  const [error, setError] = useState<unknown>();
+  const [busy, setBusy] = useState(false);
+  const [done, setDone] = useState<string>();
+  const admin = can('admin');
+  const showForm = admin && (!d.confirmed || editing);
+
+  const confirm = async (e: Event) => {
+    e.preventDefault();
+    setError(undefined);
+    setDone(undefined);
+    const t = limit.trim();
+    const gb = t === '' ? undefined : Number(t);
+    if (gb !== undefined && (!Number.isFinite(gb) || gb <= 0)) {
+      setLocal('Give the limit in GB, more than 0, or leave it empty for the whole disk.');
+      return;
+    }
+    setLocal(undefined);
+    setBusy(true);
+    try {
+      const body: { path: string; limit_bytes?: number } = { path: path.trim() };
+      if (gb !== undefined) body.limit_bytes = Math.round(gb * 1e9);
+      const m = await post<Machine>(`/machines/${enc(machine.metadata.name)}/data-location`, body);
+      setDone(`Data location confirmed: ${m.status.data_location.path}.`);
+      setEditing(false);
+      onChanged();
+    } catch (err) {
+      setError(err);
+    } finally {
+      setBusy(false);
+    }
+  };
+
+  return (
+    <section aria-labelledby="data-location" class="panel">
+      <h2 id="data-location">Data location</h2>
+      {done ? (
+        <div class="note ok" role="status">
+          {done}
+        </div>
+      ) : null}
+      {d.confirmed ? (
+        <>
+          <p>
+            Copies of drives live in <code class="path" data-testid="data-path">{d.path}</code>
+            {d.limit_bytes ? <>, up to {bytes(d.limit_bytes)}</> : null}.
+          </p>
+          <DataLocationBar machine={machine} />
+          {admin && !editing ? (
+            <p>
+              <button onClick={() => setEditing(true)}>Change</button>
+            </p>
+          ) : null}
+        </>
+      ) : (
+        <div class="note warn" role="status">
+          No data location is confirmed: this machine keeps no copies, and runs that mount drives wait with{' '}
+          <em>Choose where to keep data on {machine.metadata.name}</em>.
+          {d.proposed ? (
+            <>
+              {' '}
+              Its agent proposes <code class="path">{d.proposed}</code>.
+            </>
+          ) : null}
+          {!admin ? ' An admin of the workspace confirms it.' : null}
+        </div>
+      )}
+      {showForm ? (
+        <form onSubmit={confirm} novalidate class="form compact">
+          <FormError error={error} action="Not confirmed" />
+          <Field
+            id="dl-path"
+            label="Path on the machine"
+            hint={d.proposed ? `The agent proposed ${d.proposed}.` : undefined}
+            paths={['path']}
+            error={error}
+          >
+            <input
+              {...described('dl-path', error, ['path'], !!d.proposed)}
+              value={path}
+              spellcheck={false}
+              onInput={(e) => setPath(e.currentTarget.value)}
+            />
+          </Field>
+          <Field
+            id="dl-limit"
+            label="Limit in GB (optional)"
+            hint="The most copies may take there; empty for the whole disk."
+            paths={['limit_bytes']}
+            error={error}
+            messages={local ? [local] : []}
+          >
+            <input
+              {...described('dl-limit', error, ['limit_bytes'], true, local ? [local] : [])}
+              inputMode="decimal"
+              value={limit}
+              onInput={(e) => setLimit(e.currentTarget.value)}
+            />
+          </Field>
+          <div class="actions">
+            <button type="submit" class="primary" disabled={busy}>
+              {busy ? 'Confirming…' : 'Confirm'}
+            </button>
+            {editing ? (
+              <button type="button" onClick={() => setEditing(false)}>
+                Cancel
+              </button>
+            ) : null}
+          </div>
+        </form>
+      ) : null}
+    </section>
+  );
+}

@@ -1,11 +1,20 @@
 # syntax=docker/dockerfile:1
 # The Astraeus server image: `docker compose up` (see docker-compose.yml).
 
+# The console, built to web/dist and embedded by the release build.
+FROM node:20-bookworm AS web
+WORKDIR /web
+COPY web/package.json web/package-lock.json ./
+RUN npm ci --no-audit --no-fund
+COPY web/ ./
+RUN npm run build
+
 FROM rust:1-bookworm AS builder
 WORKDIR /src
 # Queries are checked against .sqlx/ when it exists, never against a live database.
 ENV SQLX_OFFLINE=true
 COPY . .
+COPY --from=web /web/dist web/dist
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
     cargo build --release --locked --bin astraeus \

@@ -2,7 +2,7 @@ use anyhow::Context;
 use clap::Parser;
 
 use astraeus::settings::{Cli, Command};
-use astraeus::{admin, agent, api, dev, server, telemetry};
+use astraeus::{admin, agent, api, bench, dev, server, telemetry};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
@@ -24,6 +24,7 @@ async fn main() -> anyhow::Result<()> {
             agent::run(config, stop).await
         }
         Command::Dev(args) => dev::run(args).await,
+        Command::Bench(args) => bench::run(args).await,
         Command::Openapi { out } => {
             let json = api::openapi().to_pretty_json().context("cannot render the OpenAPI document")? + "\n";
             match out {

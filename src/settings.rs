@@ -69,6 +69,9 @@ pub struct ServeArgs {
     /// Ed25519 PKCS#8 PEM file that signs tokens (make one with `astraeus admin keygen`).
     #[arg(long, env = "ASTRAEUS_SIGNING_KEY_FILE")]
     pub signing_key_file: PathBuf,
+    /// Requests a second one token may make (bursts of twice that); 0 turns the limit off.
+    #[arg(long, env = "ASTRAEUS_RATE_LIMIT_PER_TOKEN", default_value_t = crate::api::DEFAULT_RATE_LIMIT)]
+    pub rate_limit_per_token: u32,
     /// Also serve `/metrics` here without a token, for Prometheus (on the API it needs an admin token).
     #[arg(long, env = "ASTRAEUS_METRICS_LISTEN")]
     pub metrics_listen: Option<SocketAddr>,

@@ -1,0 +1,369 @@
+//! Simulated machines: agent-API clients in this process, one pair of tasks per machine. Each
+//! joins with a join token, heartbeats its data location and its copies, and long-polls for its
+//! workers like the real agent. Its "disk" is a map of complete copies; a fill assigned to it
+//! completes at once: the copy is marked complete and reported in a heartbeat sent right away,
+//! then the fill's worker is reported Running and Completed. Seed workers (which exist only to
+//! make copies through fills) are completed the same way; every other worker is left as it is.
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use futures::StreamExt;
+use reqwest::Client;
+use serde_json::json;
+use tokio::task::JoinSet;
+use uuid::Uuid;
+
+use super::http::{Api, Lat};
+use crate::protocol::{Assignment, Assignments, CopyReport, DataUsage, HeartbeatRequest, HeartbeatResponse};
+
+/// Every simulated machine's data location.
+pub const DATA_PATH: &str = "/data/astraeus";
+/// What each copy holds, as reported.
+pub const COPY_BYTES: u64 = 1_000_000_000;
+const DISK_BYTES: u64 = 100_000_000_000_000;
+/// How long a long-poll waits for a change.
+const POLL_SECONDS: u64 = 30;
+
+/// Run-name prefixes the simulated agent completes at once.
+pub const FILL_PREFIX: &str = "fill-";
+pub const SEED_PREFIX: &str = "seed-";
+/// Workers measured by the copy-complete-to-start phase.
+pub const PROBE_PREFIX: &str = "probe-";
+
+pub fn machine_name(i: usize) -> String {
+    format!("m-{i:05}")
+}
+
+pub struct Machine {
+    pub index: usize,
+    pub name: String,
+    auth: String,
+    /// Complete copies (folder `<ns>.<drive>`) and when a heartbeat first carried each.
+    copies: Mutex<BTreeMap<String, Option<Instant>>>,
+    /// Held while a heartbeat is in flight: like the real agent, a machine never sends two at once.
+    beating: tokio::sync::Mutex<()>,
+    /// Workers already handled.
+    seen: Mutex<HashSet<Uuid>>,
+}
+
+impl Machine {
+    pub fn copy_count(&self) -> usize {
+        self.copies.lock().expect("not poisoned").len()
+    }
+}
+
+/// What machines ask for when they join.
+#[derive(Debug, Clone, Copy)]
+pub struct Capacity {
+    pub cpu_cores: u32,
+    pub memory_bytes: u64,
+    pub gpus: u32,
+}
+
+pub struct Fleet {
+    http: Client,
+    api: Api,
+    join_token: String,
+    capacity: Capacity,
+    interval: Duration,
+    machines: RwLock<Vec<Arc<Machine>>>,
+    tasks: Mutex<JoinSet<()>>,
+    /// While set, machines skip their background heartbeats (the heartbeat phase drives them).
+    pub beats_paused: AtomicBool,
+    /// Background heartbeats' latency, and failures of either loop.
+    pub beat_lat: Mutex<Lat>,
+    pub beat_errors: AtomicU64,
+    pub poll_errors: AtomicU64,
+    pub report_errors: AtomicU64,
+    /// Copy-complete to start: from the heartbeat that reported a copy complete to the long-poll
+    /// answer that brought the probe worker waiting for it.
+    pub probe_samples: Mutex<Vec<Duration>>,
+    pub probes_seen: AtomicU64,
+}
+
+impl Fleet {
+    pub fn new(
+        http: Client,
+        api: Api,
+        join_token: String,
+        capacity: Capacity,
+        interval: Duration,
+    ) -> Arc<Fleet> {
+        Arc::new(Fleet {
+            http,
+            api,
+            join_token,
+            capacity,
+            interval,
+            machines: RwLock::new(Vec::new()),
+            tasks: Mutex::new(JoinSet::new()),
+            beats_paused: AtomicBool::new(false),
+            beat_lat: Mutex::new(Lat::default()),
+            beat_errors: AtomicU64::new(0),
+            poll_errors: AtomicU64::new(0),
+            report_errors: AtomicU64::new(0),
+            probe_samples: Mutex::new(Vec::new()),
+            probes_seen: AtomicU64::new(0),
+        })
+    }
+
+    pub fn machines(&self) -> Vec<Arc<Machine>> {
+        self.machines.read().expect("not poisoned").clone()
+    }
+
+    pub fn len(&self) -> usize {
+        self.machines.read().expect("not poisoned").len()
+    }
+
+    /// Joins machines until there are `total`, confirms their data locations through the user
+    /// API, and starts their heartbeat and long-poll loops.
+    pub async fn grow(self: &Arc<Self>, total: usize) -> anyhow::Result<()> {
+        let from = self.len();
+        let joined: Vec<anyhow::Result<Arc<Machine>>> = futures::stream::iter(from..total)
+            .map(|i| {
+                let fleet = self.clone();
+                async move { fleet.join(i).await }
+            })
+            .buffer_unordered(32)
+            .collect()
+            .await;
+        let mut joined = joined.into_iter().collect::<anyhow::Result<Vec<_>>>()?;
+        joined.sort_by_key(|m| m.index);
+        let mut tasks = self.tasks.lock().expect("not poisoned");
+        for m in &joined {
+            tasks.spawn(self.clone().beat_loop(m.clone()));
+            tasks.spawn(self.clone().poll_loop(m.clone()));
+        }
+        self.machines.write().expect("not poisoned").extend(joined);
+        Ok(())
+    }
+
+    async fn join(&self, index: usize) -> anyhow::Result<Arc<Machine>> {
+        let name = machine_name(index);
+        let body = json!({
+            "join_token": self.join_token,
+            "name": name,
+            "capacity": {
+                "cpu_cores": self.capacity.cpu_cores,
+                "memory_bytes": self.capacity.memory_bytes,
+                "gpus": self.capacity.gpus,
+            },
+            "data_location": DATA_PATH,
+        });
+        let r = self.http.post(format!("{}/agent/v1/join", self.api.base)).json(&body).send().await?;
+        let status = r.status();
+        if !status.is_success() {
+            bail!("machine {name} could not join: {status}: {}", r.text().await.unwrap_or_default());
+        }
+        let joined: crate::protocol::JoinResponse = r.json().await?;
+        self.api
+            .post(&format!("/machines/{name}/data-location"), &json!({ "path": DATA_PATH }))
+            .await
+            .with_context(|| format!("confirming {name}'s data location"))?;
+        Ok(Arc::new(Machine {
+            index,
+            name,
+            auth: format!("Bearer {}", joined.credential),
+            copies: Mutex::new(BTreeMap::new()),
+            beating: tokio::sync::Mutex::new(()),
+            seen: Mutex::new(HashSet::new()),
+        }))
+    }
+
+    /// The heartbeat the real agent would send: its data location's usage and every copy.
+    /// Copies reported for the first time are stamped now.
+    fn heartbeat_body(m: &Machine) -> HeartbeatRequest {
+        let now = Instant::now();
+        let mut held = m.copies.lock().expect("not poisoned");
+        for first in held.values_mut().filter(|t| t.is_none()) {
+            *first = Some(now);
+        }
+        let copies: Vec<CopyReport> = held
+            .keys()
+            .map(|folder| CopyReport {
+                drive: folder.clone(),
+                bytes: COPY_BYTES,
+                complete: true,
+                last_used_at: None,
+            })
+            .collect();
+        let used = COPY_BYTES * copies.len() as u64;
+        HeartbeatRequest {
+            data_location: DataUsage {
+                total_bytes: DISK_BYTES,
+                used_bytes: used,
+                free_bytes: DISK_BYTES - used,
+            },
+            copies,
+        }
+    }
+
+    /// Sends one heartbeat, after any in flight; true when the server took it. Folders it says
+    /// to delete are deleted.
+    pub async fn beat(&self, m: &Machine) -> bool {
+        let _one_at_a_time = m.beating.lock().await;
+        let body = Self::heartbeat_body(m);
+        let sent = self
+            .http
+            .post(format!("{}/agent/v1/heartbeat", self.api.base))
+            .header("authorization", &m.auth)
+            .json(&body)
+            .send()
+            .await;
+        let Ok(r) = sent else { return false };
+        if !r.status().is_success() {
+            let _ = r.bytes().await;
+            return false;
+        }
+        match r.json::<HeartbeatResponse>().await {
+            Ok(answer) => {
+                if !answer.delete_copies.is_empty() {
+                    let mut copies = m.copies.lock().expect("not poisoned");
+                    for folder in &answer.delete_copies {
+                        copies.remove(folder);
+                    }
+                }
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
+    async fn beat_loop(self: Arc<Self>, m: Arc<Machine>) {
+        // Spread the machines' beats over the interval.
+        let offset = self.interval.mul_f64((m.index as f64 * 0.618_034).fract());
+        tokio::time::sleep(offset).await;
+        let mut tick = tokio::time::interval(self.interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            if self.beats_paused.load(Ordering::Relaxed) {
+                continue;
+            }
+            let start = Instant::now();
+            if self.beat(&m).await {
+                self.beat_lat.lock().expect("not poisoned").record(start.elapsed());
+            } else {
+                self.beat_errors.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    async fn poll_loop(self: Arc<Self>, m: Arc<Machine>) {
+        let mut version = 0i64;
+        loop {
+            let url = format!(
+                "{}/agent/v1/assignments?version={version}&wait_seconds={POLL_SECONDS}",
+                self.api.base
+            );
+            let answer = async {
+                let r = self
+                    .http
+                    .get(url)
+                    .header("authorization", &m.auth)
+                    .timeout(Duration::from_secs(POLL_SECONDS + 30))
+                    .send()
+                    .await?
+                    .error_for_status()?;
+                r.json::<Assignments>().await
+            }
+            .await;
+            let arrived = Instant::now();
+            match answer {
+                Ok(a) => {
+                    version = a.version;
+                    let new: Vec<Assignment> = {
+                        let mut seen = m.seen.lock().expect("not poisoned");
+                        a.workers.into_iter().filter(|w| seen.insert(w.uid)).collect()
+                    };
+                    self.handle(&m, new, arrived);
+                }
+                Err(_) => {
+                    self.poll_errors.fetch_add(1, Ordering::Relaxed);
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+            }
+        }
+    }
+
+    /// Acts on the workers an answer brought: the fills complete at once (their copies are
+    /// marked complete and reported in one heartbeat), seeds end, probes are timed.
+    fn handle(self: &Arc<Self>, m: &Arc<Machine>, workers: Vec<Assignment>, arrived: Instant) {
+        let mut fills = Vec::new();
+        let mut seeds = Vec::new();
+        for w in workers {
+            if w.run.starts_with(FILL_PREFIX) {
+                if let Some(mount) = w.mounts.first() {
+                    fills.push((w.uid, mount.drive.clone()));
+                }
+            } else if w.run.starts_with(SEED_PREFIX) {
+                seeds.push(w.uid);
+            } else if w.run.starts_with(PROBE_PREFIX) {
+                self.probes_seen.fetch_add(1, Ordering::Relaxed);
+                let reported = w
+                    .mounts
+                    .first()
+                    .and_then(|mount| *m.copies.lock().expect("not poisoned").get(&mount.drive)?);
+                if let Some(t0) = reported {
+                    self.probe_samples
+                        .lock()
+                        .expect("not poisoned")
+                        .push(arrived.saturating_duration_since(t0));
+                }
+            }
+        }
+        if fills.is_empty() && seeds.is_empty() {
+            return;
+        }
+        let (fleet, m) = (self.clone(), m.clone());
+        tokio::spawn(async move {
+            if !fills.is_empty() {
+                {
+                    let mut copies = m.copies.lock().expect("not poisoned");
+                    for (_, folder) in &fills {
+                        copies.entry(folder.clone()).or_insert(None);
+                    }
+                }
+                if !fleet.beat(&m).await {
+                    fleet.beat_errors.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            for uid in fills.iter().map(|f| f.0).chain(seeds) {
+                fleet.finish(&m, uid).await;
+            }
+        });
+    }
+
+    /// Reports a worker Running, then Completed.
+    async fn finish(&self, m: &Machine, worker: Uuid) {
+        for (state, exit) in [("Running", None), ("Completed", Some(0))] {
+            let r = self
+                .http
+                .post(format!("{}/agent/v1/workers/{worker}/status", self.api.base))
+                .header("authorization", &m.auth)
+                .json(&json!({ "state": state, "exit_code": exit }))
+                .send()
+                .await;
+            match r {
+                Ok(r) if r.status().is_success() => {
+                    let _ = r.bytes().await;
+                }
+                _ => {
+                    self.report_errors.fetch_add(1, Ordering::Relaxed);
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Stops every machine's loops.
+    pub async fn stop(&self) {
+        let mut tasks = std::mem::take(&mut *self.tasks.lock().expect("not poisoned"));
+        tasks.abort_all();
+        while tasks.join_next().await.is_some() {}
+    }
+}

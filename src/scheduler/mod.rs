@@ -136,6 +136,10 @@ async fn pass(db: &PgPool) -> anyhow::Result<(usize, usize)> {
         // machines, so none waits on another in a circle. Should the bind lose a race with
         // another replica, the fill controller drops the copies nobody waits for.
         make_room(&mut tx, m, &lacking).await?;
+        if released {
+            let ids: Vec<Uuid> = request.placed().map(|d| d.id).collect();
+            store::copies::touch_used(&mut *tx, m.id, &ids).await?;
+        }
         if !store::workers::bind(&mut tx, w.id, m.id, charge, released, &reason).await? {
             continue;
         }
@@ -147,10 +151,6 @@ async fn pass(db: &PgPool) -> anyhow::Result<(usize, usize)> {
         placed += 1;
         if !transports.is_empty() {
             store::workers::set_transports(&mut *tx, w.id, &transports).await?;
-        }
-        if released {
-            let ids: Vec<Uuid> = request.placed().map(|d| d.id).collect();
-            store::copies::touch_used(&mut *tx, machines[i].id, &ids).await?;
         }
     }
     touched.sort();

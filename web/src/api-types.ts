@@ -1497,7 +1497,7 @@ export interface components {
         ErrorDetail: {
             /**
              * @description Stable, machine-readable: `bad_request`, `unauthorized`, `forbidden`, `not_found`,
-             *     `method_not_allowed`, `conflict`, `gone`, `payload_too_large`, `unsupported_media_type`,
+             *     `method_not_allowed`, `conflict`, `gone`, `too_many_requests`, `payload_too_large`, `unsupported_media_type`,
              *     `invalid`, `unavailable`, `internal`.
              */
             code: string;
@@ -1958,6 +1958,10 @@ export interface components {
             /** Format: date-time */
             started_at?: string | null;
             state: components["schemas"]["WorkerState"];
+            /** @description How each drive kept on one machine is reached from here: `local`, `nfs` or `rdma`. */
+            transports?: {
+                [key: string]: string;
+            };
         };
     };
     responses: never;

@@ -104,6 +104,10 @@ pub struct Assignment {
     pub env: BTreeMap<String, String>,
     pub time_limit_seconds: Option<u64>,
     pub mounts: Vec<MountSpec>,
+    /// A fill's worker. Found Running by an agent that restarted, a fill runs again (its copy
+    /// is whole only once it writes the marker); any other worker fails.
+    #[serde(default)]
+    pub fill: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

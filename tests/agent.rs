@@ -306,3 +306,53 @@ async fn deleting_a_running_run_stops_its_worker_and_frees_the_machine(pool: PgP
     assert_eq!(api.get("/runs/doomed").await.status, StatusCode::NOT_FOUND);
     assert_eq!(api.machine("gpu-01").await["status"]["state"], "Ready");
 }
+
+#[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
+async fn an_agent_killed_mid_fill_fills_again_and_the_copy_is_complete_only_with_its_marker(pool: PgPool) {
+    // Grace enough for the agent to come back before its machine is declared lost.
+    let mut cluster = Cluster::server_with_grace(&pool, 60).await;
+    cluster.add_agent("gpu-01").await;
+    // The first attempt leaves a part behind and hangs; the second sees it, finishes, marks.
+    let fill = "mkdir -p /drive/ds; if [ -f /drive/ds/attempt-1 ]; then touch /drive/ds/attempt-2; \
+                touch /drive/.astralyx-filled; else touch /drive/ds/attempt-1; sleep 300.903; fi";
+    cluster
+        .api
+        .create_drive(&json!({
+            "metadata": {"name": "slow"},
+            "spec": {
+                "sources": [{"node_scope": "placed", "path": "", "mount_path": "/data", "mode": "ReadOnly"}],
+                "size_hint_bytes": 1000,
+                "fill": {"template": {"image": "busybox", "command": "sh", "args": ["-c", fill],
+                    "requested_resources": {"cpu_cores": 1, "memory_bytes": 268435456}}}
+            }
+        }))
+        .await;
+    cluster.api.create_run(&run_mounting("reader", "ls /data/ds", json!([{"name": "slow"}]))).await;
+    // The fill controller makes the fill run once the reader is placed.
+    eventually("the fill runs", || async {
+        if process_running("sleep 300.903") { Ok(()) } else { Err("not yet".into()) }
+    })
+    .await;
+    wait_running(&cluster.api, "fill-slow-gpu-01-0", "sleep 300.903").await;
+
+    cluster.agent("gpu-01").proc.kill();
+    wait_gone("sleep 300.903").await;
+    let data = cluster.agent("gpu-01").data.path().join("drives/default.slow");
+    assert!(data.join("ds/attempt-1").exists() && !data.join(".astralyx-filled").exists());
+    let drive = cluster.api.get("/drives/slow").await.expect(StatusCode::OK);
+    assert_eq!(drive["copies"][0]["complete"], false, "{drive}");
+    assert_eq!(cluster.api.worker("reader-0").await["status"]["state"], "Preparing");
+
+    cluster.restart_agent("gpu-01");
+    let api = &cluster.api;
+    eventually("the reader completes after the fill ran again", || async move {
+        let (reader, fill) = (api.worker("reader-0").await, api.worker("fill-slow-gpu-01-0").await);
+        if reader["status"]["state"] == "Completed" { Ok(()) } else { Err(format!("{reader}\n{fill}")) }
+    })
+    .await;
+    assert!(cluster.api.logs("reader-0").await.contains("attempt-2"));
+    let drive = cluster.api.get("/drives/slow").await.expect(StatusCode::OK);
+    assert_eq!(drive["copies"][0]["complete"], true, "{drive}");
+    let fill = cluster.api.run("fill-slow-gpu-01").await;
+    assert_eq!(fill["status"]["state"], "Completed", "{fill}");
+}

@@ -17,8 +17,9 @@ const BATCH: usize = 500;
 const FLUSH: Duration = Duration::from_millis(100);
 
 pub async fn run(client: &Client, a: Assignment, data_location: Option<PathBuf>, stop: CancellationToken) {
-    if a.state == WorkerState::Running {
-        // The server saw it start, but this agent does not hold it: it restarted meanwhile.
+    // The server saw it start, but this agent does not hold it: it restarted meanwhile.
+    let resumed = a.state == WorkerState::Running;
+    if resumed && !a.fill {
         fail(client, &a, "the agent restarted while the worker ran").await;
         return;
     }
@@ -26,26 +27,10 @@ pub async fn run(client: &Client, a: Assignment, data_location: Option<PathBuf>,
         Ok(m) => m,
         Err(why) => return fail(client, &a, &why).await,
     };
-    let started = StatusReport {
-        state: WorkerState::Running,
-        exit_code: None,
-        reason: String::new(),
-        events: vec![EventReport {
-            kind: "Normal".into(),
-            reason: "Sandboxed".into(),
-            message: format!(
-                "runs in this machine's bubblewrap sandbox, not in image {}: no container runtime here",
-                a.image
-            ),
-        }],
-    };
-    match client.report(a.uid, &started).await {
-        Ok(ack) if ack.accepted => {}
-        Ok(_) => return,
-        Err(e) => {
-            tracing::warn!(worker = %a.name, error = %e, "cannot report the worker started; not starting it");
-            return;
-        }
+    if resumed {
+        tracing::info!(worker = %a.name, "the agent restarted during this fill: filling again");
+    } else if !report_started(client, &a).await {
+        return;
     }
     tracing::info!(worker = %a.name, "starting");
     let spec = Spec {
@@ -106,6 +91,30 @@ fn mounts(a: &Assignment, data_location: Option<&Path>) -> Result<Vec<Mount>, St
             Ok(Mount::dir(dir, m.target.clone(), m.read_only))
         })
         .collect()
+}
+
+/// Tells the server the worker starts; false when it should not (it was stopped or moved).
+async fn report_started(client: &Client, a: &Assignment) -> bool {
+    let started = StatusReport {
+        state: WorkerState::Running,
+        exit_code: None,
+        reason: String::new(),
+        events: vec![EventReport {
+            kind: "Normal".into(),
+            reason: "Sandboxed".into(),
+            message: format!(
+                "runs in this machine's bubblewrap sandbox, not in image {}: no container runtime here",
+                a.image
+            ),
+        }],
+    };
+    match client.report(a.uid, &started).await {
+        Ok(ack) => ack.accepted,
+        Err(e) => {
+            tracing::warn!(worker = %a.name, error = %e, "cannot report the worker started; not starting it");
+            false
+        }
+    }
 }
 
 async fn fail(client: &Client, a: &Assignment, why: &str) {

@@ -286,6 +286,7 @@ async fn assignment(app: &AppState, row: AssignmentRow) -> Result<Assignment, Ap
         env,
         time_limit_seconds: task.time_limit_seconds,
         mounts,
+        fill: row.fill_drive.is_some(),
     })
 }
 

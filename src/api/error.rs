@@ -35,7 +35,7 @@ pub enum ApiError {
     #[error("the database is unavailable")]
     Unavailable(#[source] sqlx::Error),
     #[error("internal error")]
-    Internal(#[from] anyhow::Error),
+    Internal(anyhow::Error),
 }
 
 /// The body of every error answer.
@@ -87,12 +87,30 @@ impl ApiError {
 
 impl From<sqlx::Error> for ApiError {
     fn from(e: sqlx::Error) -> ApiError {
-        match e {
-            sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Io(_) => {
-                ApiError::Unavailable(e)
-            }
-            e => ApiError::Internal(e.into()),
+        if is_transient(&e) { ApiError::Unavailable(e) } else { ApiError::Internal(e.into()) }
+    }
+}
+
+impl From<anyhow::Error> for ApiError {
+    fn from(e: anyhow::Error) -> ApiError {
+        match e.downcast::<sqlx::Error>() {
+            Ok(db) => db.into(),
+            Err(e) => ApiError::Internal(e),
         }
+    }
+}
+
+/// Errors that a retry may not meet: the database unreachable, restarting, or this session
+/// ended by it (SQLSTATE classes 08 and 57P, too many connections, a serialization failure or
+/// a deadlock victim).
+pub fn is_transient(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Io(_) => true,
+        sqlx::Error::Protocol(_) | sqlx::Error::WorkerCrashed => true,
+        sqlx::Error::Database(db) => db.code().is_some_and(|code| {
+            code.starts_with("08") || code.starts_with("57P") || matches!(&*code, "53300" | "40001" | "40P01")
+        }),
+        _ => false,
     }
 }
 

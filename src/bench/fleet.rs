@@ -6,7 +6,7 @@
 //! make copies through fills) are completed the same way; every other worker is left as it is.
 
 use std::collections::{BTreeMap, HashSet};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
@@ -27,6 +27,8 @@ pub const COPY_BYTES: u64 = 1_000_000_000;
 const DISK_BYTES: u64 = 100_000_000_000_000;
 /// How long a long-poll waits for a change.
 const POLL_SECONDS: u64 = 30;
+/// How long a machine waits for any answer before it tries another server.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Run-name prefixes the simulated agent completes at once.
 pub const FILL_PREFIX: &str = "fill-";
@@ -48,11 +50,23 @@ pub struct Machine {
     beating: tokio::sync::Mutex<()>,
     /// Workers already handled.
     seen: Mutex<HashSet<Uuid>>,
+    /// Which of the fleet's servers it talks to; moves on to the next when a request fails.
+    via: AtomicUsize,
 }
 
 impl Machine {
     pub fn copy_count(&self) -> usize {
         self.copies.lock().expect("not poisoned").len()
+    }
+
+    /// The folders of the copies it holds.
+    pub fn folders(&self) -> Vec<String> {
+        self.copies.lock().expect("not poisoned").keys().cloned().collect()
+    }
+
+    /// The workers the server has assigned it so far.
+    pub fn assigned(&self) -> HashSet<Uuid> {
+        self.seen.lock().expect("not poisoned").clone()
     }
 }
 
@@ -67,6 +81,8 @@ pub struct Capacity {
 pub struct Fleet {
     http: Client,
     api: Api,
+    /// The servers machines may talk to (replicas behind one database): the API's by default.
+    servers: RwLock<Vec<String>>,
     join_token: String,
     capacity: Capacity,
     interval: Duration,
@@ -95,6 +111,7 @@ impl Fleet {
     ) -> Arc<Fleet> {
         Arc::new(Fleet {
             http,
+            servers: RwLock::new(vec![api.base.clone()]),
             api,
             join_token,
             capacity,
@@ -109,6 +126,25 @@ impl Fleet {
             probe_samples: Mutex::new(Vec::new()),
             probes_seen: AtomicU64::new(0),
         })
+    }
+
+    /// Spreads the machines over these servers (each sticks to one until a request fails).
+    pub fn set_servers(&self, bases: Vec<String>) {
+        assert!(!bases.is_empty(), "a fleet needs a server");
+        *self.servers.write().expect("not poisoned") = bases;
+    }
+
+    /// `path` on the server machine `m` talks to now, and which that is (for [`Self::fail_over`]).
+    fn url(&self, m: &Machine, path: &str) -> (String, usize) {
+        let servers = self.servers.read().expect("not poisoned");
+        let via = m.via.load(Ordering::Relaxed);
+        (format!("{}/agent/v1/{path}", servers[via % servers.len()]), via)
+    }
+
+    /// After a request to server `via` failed: the next server, unless another of the machine's
+    /// loops has moved on already.
+    fn fail_over(m: &Machine, via: usize) {
+        let _ = m.via.compare_exchange(via, via + 1, Ordering::Relaxed, Ordering::Relaxed);
     }
 
     pub fn machines(&self) -> Vec<Arc<Machine>> {
@@ -154,7 +190,11 @@ impl Fleet {
             },
             "data_location": DATA_PATH,
         });
-        let r = self.http.post(format!("{}/agent/v1/join", self.api.base)).json(&body).send().await?;
+        let base = {
+            let servers = self.servers.read().expect("not poisoned");
+            servers[index % servers.len()].clone()
+        };
+        let r = self.http.post(format!("{base}/agent/v1/join")).json(&body).send().await?;
         let status = r.status();
         if !status.is_success() {
             bail!("machine {name} could not join: {status}: {}", r.text().await.unwrap_or_default());
@@ -171,6 +211,7 @@ impl Fleet {
             copies: Mutex::new(BTreeMap::new()),
             beating: tokio::sync::Mutex::new(()),
             seen: Mutex::new(HashSet::new()),
+            via: AtomicUsize::new(index),
         }))
     }
 
@@ -207,14 +248,19 @@ impl Fleet {
     pub async fn beat(&self, m: &Machine) -> bool {
         let _one_at_a_time = m.beating.lock().await;
         let body = Self::heartbeat_body(m);
+        let (url, via) = self.url(m, "heartbeat");
         let sent = self
             .http
-            .post(format!("{}/agent/v1/heartbeat", self.api.base))
+            .post(url)
+            .timeout(REQUEST_TIMEOUT)
             .header("authorization", &m.auth)
             .json(&body)
             .send()
             .await;
-        let Ok(r) = sent else { return false };
+        let Ok(r) = sent else {
+            Self::fail_over(m, via);
+            return false;
+        };
         if !r.status().is_success() {
             let _ = r.bytes().await;
             return false;
@@ -256,16 +302,14 @@ impl Fleet {
     async fn poll_loop(self: Arc<Self>, m: Arc<Machine>) {
         let mut version = 0i64;
         loop {
-            let url = format!(
-                "{}/agent/v1/assignments?version={version}&wait_seconds={POLL_SECONDS}",
-                self.api.base
-            );
+            let (url, via) =
+                self.url(&m, &format!("assignments?version={version}&wait_seconds={POLL_SECONDS}"));
             let answer = async {
                 let r = self
                     .http
                     .get(url)
                     .header("authorization", &m.auth)
-                    .timeout(Duration::from_secs(POLL_SECONDS + 30))
+                    .timeout(Duration::from_secs(POLL_SECONDS) + REQUEST_TIMEOUT)
                     .send()
                     .await?
                     .error_for_status()?;
@@ -284,6 +328,7 @@ impl Fleet {
                 }
                 Err(_) => {
                     self.poll_errors.fetch_add(1, Ordering::Relaxed);
+                    Self::fail_over(&m, via);
                     tokio::time::sleep(Duration::from_secs(1)).await;
                 }
             }
@@ -338,24 +383,39 @@ impl Fleet {
         });
     }
 
-    /// Reports a worker Running, then Completed.
+    /// Reports a worker Running, then Completed; a report that fails is sent again, to the next
+    /// server, for up to a minute.
     async fn finish(&self, m: &Machine, worker: Uuid) {
         for (state, exit) in [("Running", None), ("Completed", Some(0))] {
-            let r = self
-                .http
-                .post(format!("{}/agent/v1/workers/{worker}/status", self.api.base))
-                .header("authorization", &m.auth)
-                .json(&json!({ "state": state, "exit_code": exit }))
-                .send()
-                .await;
-            match r {
-                Ok(r) if r.status().is_success() => {
-                    let _ = r.bytes().await;
-                }
-                _ => {
+            let body = json!({ "state": state, "exit_code": exit });
+            let mut tries = 0;
+            loop {
+                let (url, via) = self.url(m, &format!("workers/{worker}/status"));
+                let r = self
+                    .http
+                    .post(url)
+                    .timeout(REQUEST_TIMEOUT)
+                    .header("authorization", &m.auth)
+                    .json(&body)
+                    .send()
+                    .await;
+                let retry = match r {
+                    Ok(r) if r.status().is_success() => {
+                        let _ = r.bytes().await;
+                        break;
+                    }
+                    Ok(r) => r.status().is_server_error(),
+                    Err(_) => {
+                        Self::fail_over(m, via);
+                        true
+                    }
+                };
+                tries += 1;
+                if !retry || tries >= 60 {
                     self.report_errors.fetch_add(1, Ordering::Relaxed);
                     return;
                 }
+                tokio::time::sleep(Duration::from_secs(1)).await;
             }
         }
     }

@@ -91,11 +91,12 @@ impl Database {
 pub struct Server {
     child: Child,
     pid: u32,
+    port: u16,
     pub base: String,
     pub log: PathBuf,
 }
 
-fn free_port() -> anyhow::Result<u16> {
+pub fn free_port() -> anyhow::Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
@@ -110,15 +111,33 @@ impl Server {
         state: &Path,
         http: &reqwest::Client,
     ) -> anyhow::Result<Server> {
-        let port = free_port()?;
         let log = state.join("server.log");
-        let out = std::fs::File::create(&log).with_context(|| format!("cannot write {}", log.display()))?;
+        let args = ["--heartbeat-grace-seconds", "3600"].map(String::from);
+        Server::start_on(exe, free_port()?, url, key, &log, &args, http).await
+    }
+
+    /// Starts the server on `port` with `args` besides the listen address and signing key,
+    /// appending its output to `log`, and waits until `/readyz` answers.
+    pub async fn start_on(
+        exe: &Path,
+        port: u16,
+        url: &str,
+        key: &Path,
+        log: &Path,
+        args: &[String],
+        http: &reqwest::Client,
+    ) -> anyhow::Result<Server> {
+        let out = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)
+            .with_context(|| format!("cannot write {}", log.display()))?;
         let child = Command::new(exe)
             .arg("serve")
             .args(["--listen", &format!("127.0.0.1:{port}")])
             .arg("--signing-key-file")
             .arg(key)
-            .args(["--heartbeat-grace-seconds", "3600"])
+            .args(args)
             .env("DATABASE_URL", url)
             .stdin(Stdio::null())
             .stdout(out.try_clone()?)
@@ -127,7 +146,8 @@ impl Server {
             .spawn()
             .with_context(|| format!("cannot start {} serve", exe.display()))?;
         let pid = child.id().context("the server exited at once")?;
-        let mut server = Server { child, pid, base: format!("http://127.0.0.1:{port}"), log };
+        let mut server =
+            Server { child, pid, port, base: format!("http://127.0.0.1:{port}"), log: log.to_owned() };
         let start = Instant::now();
         loop {
             if let Ok(r) = http.get(format!("{}/readyz", server.base)).send().await {
@@ -143,6 +163,25 @@ impl Server {
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Sends `signal` (KILL, STOP, CONT, TERM) to the server.
+    pub fn signal(&self, signal: rustix::process::Signal) {
+        let pid = rustix::process::Pid::from_raw(self.pid as i32).expect("a child's pid is positive");
+        let _ = rustix::process::kill_process(pid, signal);
+    }
+
+    /// `kill -9`, and waits for the process to be gone.
+    pub async fn kill(mut self) {
+        let _ = self.child.kill().await;
     }
 
     fn status_kib(&self, field: &str) -> Option<u64> {
@@ -168,10 +207,7 @@ impl Server {
 
     /// SIGTERM, then a kill if it has not stopped within 10 s.
     pub async fn stop(mut self) {
-        let _ = rustix::process::kill_process(
-            rustix::process::Pid::from_raw(self.pid as i32).expect("a child's pid is positive"),
-            rustix::process::Signal::TERM,
-        );
+        self.signal(rustix::process::Signal::TERM);
         if tokio::time::timeout(Duration::from_secs(10), self.child.wait()).await.is_err() {
             let _ = self.child.kill().await;
         }

@@ -123,6 +123,19 @@ impl Private {
         Ok(pg)
     }
 
+    /// Crashes the instance and starts it again (`pg_ctl restart -m immediate`): every session
+    /// is cut and the server recovers from its WAL, as after a power loss.
+    pub fn restart_immediate(&self) -> anyhow::Result<()> {
+        let data = self.data.to_string_lossy().into_owned();
+        // With its log file, or the new postmaster would hold our output pipe open.
+        let log = self.data.with_file_name("postgres.log").to_string_lossy().into_owned();
+        let out = self.run("pg_ctl", &["restart", "-D", &data, "-m", "immediate", "-w", "-l", &log])?;
+        if !out.status.success() {
+            bail!("pg_ctl restart failed: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        Ok(())
+    }
+
     pub fn stop(&self) {
         let data = self.data.to_string_lossy().into_owned();
         match self.run("pg_ctl", &["stop", "-D", &data, "-m", "fast", "-w"]) {

@@ -24,13 +24,27 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 
+/// Postgres ends a session that holds a transaction open this long without a statement, and
+/// with it the transaction and its locks. That fences a paused or partitioned replica: its
+/// late writes are rolled back, and the others are not kept waiting on its locks.
+pub const IDLE_IN_TRANSACTION: &str = "5s";
+/// No statement waits longer than this; the caller gets an error, never a hang.
+const STATEMENT_TIMEOUT: &str = "60s";
+
 /// Opens a pool and brings the schema up to date.
 pub async fn connect(url: &str, max_connections: u32) -> anyhow::Result<PgPool> {
     let options: PgConnectOptions = url.parse().context("DATABASE_URL is not a valid Postgres URL")?;
+    let options = options
+        // The process id tells replicas apart in pg_stat_activity.
+        .application_name(&format!("astraeus {}", std::process::id()))
+        .options([
+            ("idle_in_transaction_session_timeout", IDLE_IN_TRANSACTION),
+            ("statement_timeout", STATEMENT_TIMEOUT),
+        ]);
     let pool = PgPoolOptions::new()
         .max_connections(max_connections)
         .acquire_timeout(Duration::from_secs(5))
-        .connect_with(options.application_name("astraeus"))
+        .connect_with(options)
         .await
         .context("cannot connect to Postgres (check DATABASE_URL)")?;
     MIGRATOR.run(&pool).await.context("cannot apply database migrations")?;

@@ -408,12 +408,17 @@ impl Cluster {
     }
 
     pub async fn server_only(pool: &PgPool) -> Cluster {
+        Cluster::server_with_grace(pool, 3).await
+    }
+
+    /// The server alone, declaring a machine lost after `grace` seconds without a heartbeat.
+    pub async fn server_with_grace(pool: &PgPool, grace: u32) -> Cluster {
         let dir = open_tempdir();
         let database_url = database_url(pool);
         let key = dir.path().join("signing-key.pem");
         let key_arg = key.to_str().unwrap();
         admin(&["keygen", "--out", key_arg]);
-        let (server, base) = start_server(&dir, &database_url, &key).await;
+        let (server, base) = start_server(&dir, &database_url, &key, grace).await;
         let token = admin(&[
             "token",
             "--workspace",
@@ -435,15 +440,7 @@ impl Cluster {
     /// to join and confirms the data location it proposes.
     pub async fn add_agent(&mut self, name: &str) {
         let data = open_tempdir();
-        let mut cmd = Command::new(bin());
-        cmd.arg("agent")
-            .args(["--server", &self.api.base, "--join-token", &self.join_token, "--name", name])
-            .arg("--data-location")
-            .arg(data.path())
-            .args(["--cpus", "2", "--memory", "4294967296", "--heartbeat-interval-seconds", "1"])
-            .env_remove("DATABASE_URL");
-        let proc =
-            Proc::spawn(&format!("agent {name}"), &mut cmd, self.dir.path().join(format!("{name}.log")));
+        let proc = self.spawn_agent(name, data.path(), 0);
         let expected = data.path().to_owned();
         self.agents.push(Agent { name: name.to_owned(), proc, data });
         let machine = self.api.wait_machine(name, "Ready").await;
@@ -453,6 +450,26 @@ impl Cluster {
         assert_eq!(confirmed["status"]["data_location"]["confirmed"], true);
     }
 
+    fn spawn_agent(&self, name: &str, data: &Path, life: usize) -> Proc {
+        let mut cmd = Command::new(bin());
+        cmd.arg("agent")
+            .args(["--server", &self.api.base, "--join-token", &self.join_token, "--name", name])
+            .arg("--data-location")
+            .arg(data)
+            .args(["--cpus", "2", "--memory", "4294967296", "--heartbeat-interval-seconds", "1"])
+            .env_remove("DATABASE_URL");
+        let log = self.dir.path().join(format!("{name}-{life}.log"));
+        Proc::spawn(&format!("agent {name}"), &mut cmd, log)
+    }
+
+    /// Starts agent `name` again (after it was killed) over the same data location.
+    pub fn restart_agent(&mut self, name: &str) {
+        let life = (1..).find(|i| !self.dir.path().join(format!("{name}-{i}.log")).exists()).unwrap();
+        let data = self.agent(name).data.path().to_owned();
+        let proc = self.spawn_agent(name, &data, life);
+        self.agent(name).proc = proc;
+    }
+
     pub fn agent(&mut self, name: &str) -> &mut Agent {
         self.agents.iter_mut().find(|a| a.name == name).expect("an agent of that name")
     }
@@ -460,7 +477,7 @@ impl Cluster {
 
 /// Starts `astraeus serve` on a free port and waits until it is ready. Another process may take
 /// the port between our check and the server's bind: then it tries another.
-async fn start_server(dir: &TempDir, database_url: &str, key: &Path) -> (Proc, String) {
+async fn start_server(dir: &TempDir, database_url: &str, key: &Path, grace: u32) -> (Proc, String) {
     for attempt in 0..3 {
         let port = free_port();
         let base = format!("http://127.0.0.1:{port}");
@@ -469,7 +486,7 @@ async fn start_server(dir: &TempDir, database_url: &str, key: &Path) -> (Proc, S
             .args(["--listen", &format!("127.0.0.1:{port}"), "--database-url", database_url])
             .arg("--signing-key-file")
             .arg(key)
-            .args(["--heartbeat-grace-seconds", "3", "--database-max-connections", "8"])
+            .args(["--heartbeat-grace-seconds", &grace.to_string(), "--database-max-connections", "8"])
             .env_remove("DATABASE_URL");
         let log = dir.path().join(format!("server-{attempt}.log"));
         let mut server = Proc::spawn("server", &mut cmd, log);

@@ -142,6 +142,11 @@ async fn heartbeat(
     let bytes: Vec<i64> = req.copies.iter().map(|c| clamp(c.bytes)).collect();
     let complete: Vec<bool> = req.copies.iter().map(|c| c.complete).collect();
     metrics::counter!("astraeus_heartbeats_total").increment(1);
+    let same =
+        store::machines::beat_if_unchanged(&app.db, caller.id, &usage, &folders, &bytes, &complete).await?;
+    if let Some((data_location, data_limit_bytes)) = same {
+        return Ok(Json(HeartbeatResponse { data_location, data_limit_bytes, delete_copies: vec![] }));
+    }
     // Rows are locked in one order everywhere, copies, then workers, then machines, so that
     // heartbeats, placement and deletions never wait on each other in a circle.
     let mut tx = app.db.begin().await?;

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use axum::extract::{FromRequestParts, Path, State};
+use axum::extract::{FromRequestParts, State};
 use axum::http::{header, request::Parts};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -15,7 +15,7 @@ use uuid::Uuid;
 
 use super::AppState;
 use super::error::ApiError;
-use super::extract::{Body, Params};
+use super::extract::{Body, Params, Path};
 use crate::auth::machine::{self, verify_credential};
 use crate::auth::seal;
 use crate::domain::Problems;

@@ -1,7 +1,7 @@
 //! `/drives`: create, list, read and delete drives. A drive is immutable once created.
 
 use axum::Json;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use chrono::{DateTime, Utc};
@@ -12,7 +12,7 @@ use utoipa_axum::routes;
 
 use super::caller::Caller;
 use super::error::{ApiError, ErrorBody, on_constraint};
-use super::extract::{Body, Params};
+use super::extract::{Body, Params, Path};
 use super::list::{List, ListParams};
 use super::meta::ObjectMeta;
 use super::watch::{self, Kind};
@@ -122,6 +122,7 @@ async fn check_grant(app: &AppState, caller: &Caller, spec: &DriveSpec) -> Resul
     responses(
         (status = 201, description = "Created", body = Drive),
         (status = 400, description = "Malformed JSON or an unknown field", body = ErrorBody),
+        (status = 403, description = "A viewer token", body = ErrorBody),
         (status = 409, description = "The name is taken", body = ErrorBody),
         (status = 422, description = "An invalid value", body = ErrorBody),
     ),
@@ -156,7 +157,15 @@ pub async fn create(
 
 /// List the workspace's drives, newest first.
 #[utoipa::path(get, path = "/drives", tag = "drives", params(ListParams),
-    responses((status = 200, body = List<Drive>)), security(("bearer" = [])))]
+    responses(
+        (status = 200, description = "A page, or with `watch=true` a stream of changes", content(
+            (List<Drive> = "application/json"),
+            (String = "application/x-ndjson"),
+            (String = "text/event-stream"),
+        )),
+        (status = 410, description = "With `watch=true`: `resource_version` is older than the retained changes", body = ErrorBody),
+    ),
+    security(("bearer" = [])))]
 pub async fn list(
     State(app): State<AppState>,
     caller: Caller,
@@ -211,6 +220,7 @@ pub async fn load(app: &AppState, caller: &Caller, name: &str) -> Result<Drive, 
 #[utoipa::path(delete, path = "/drives/{name}", tag = "drives", params(("name" = String, Path)),
     responses(
         (status = 204, description = "Deleted"),
+        (status = 403, description = "A viewer token", body = ErrorBody),
         (status = 404, body = ErrorBody),
         (status = 409, description = "A worker uses the drive", body = ErrorBody),
     ),
@@ -260,14 +270,24 @@ async fn immutable(app: &AppState, caller: &Caller, name: &str) -> ApiError {
 
 /// Drives cannot be replaced: delete the drive and create it again.
 #[utoipa::path(put, path = "/drives/{name}", tag = "drives", params(("name" = String, Path)),
-    responses((status = 405, body = ErrorBody), (status = 404, body = ErrorBody)), security(("bearer" = [])))]
+    responses(
+        (status = 405, description = "Always, for a drive that exists", body = ErrorBody),
+        (status = 403, description = "A viewer token", body = ErrorBody),
+        (status = 404, body = ErrorBody),
+    ),
+    security(("bearer" = [])))]
 pub async fn replace(State(app): State<AppState>, caller: Caller, Path(name): Path<String>) -> ApiError {
     immutable(&app, &caller, &name).await
 }
 
 /// Drives cannot be patched: delete the drive and create it again.
 #[utoipa::path(patch, path = "/drives/{name}", tag = "drives", params(("name" = String, Path)),
-    responses((status = 405, body = ErrorBody), (status = 404, body = ErrorBody)), security(("bearer" = [])))]
+    responses(
+        (status = 405, description = "Always, for a drive that exists", body = ErrorBody),
+        (status = 403, description = "A viewer token", body = ErrorBody),
+        (status = 404, body = ErrorBody),
+    ),
+    security(("bearer" = [])))]
 pub async fn patch(State(app): State<AppState>, caller: Caller, Path(name): Path<String>) -> ApiError {
     immutable(&app, &caller, &name).await
 }

@@ -12,6 +12,8 @@ use super::caller::Caller;
 use super::error::{ApiError, ErrorBody};
 use super::extract::Params;
 use super::list::List;
+use crate::domain::FieldError;
+use crate::domain::name::could_name_object;
 use crate::store::{self, events::Event};
 
 pub fn router() -> OpenApiRouter<AppState> {
@@ -27,6 +29,7 @@ pub struct EventParams {
     /// `run/NAME` (with its workers' events), `worker/NAME`, `drive/NAME` or `machine/NAME`.
     pub object: String,
     /// At most this many of the newest events (default 100, at most 1000).
+    #[param(minimum = 1, maximum = 1000)]
     pub limit: Option<i64>,
 }
 
@@ -38,15 +41,21 @@ pub async fn list(
     caller: Caller,
     Params(p): Params<EventParams>,
 ) -> Result<Json<List<Event>>, ApiError> {
-    let bad = |message: String| ApiError::BadRequest { message, fields: vec![] };
-    let (kind, name) = p
-        .object
-        .split_once('/')
-        .filter(|(k, n)| KINDS.contains(k) && !n.is_empty())
-        .ok_or_else(|| bad(format!("object must be KIND/NAME with KIND one of {}", KINDS.join(", "))))?;
+    let bad = |field: &str, message: String| ApiError::BadRequest {
+        message: format!("{field}: {message}"),
+        fields: vec![FieldError { path: field.into(), message }],
+    };
+    let object = p.object.split_once('/').filter(|(k, n)| KINDS.contains(k) && could_name_object(n));
+    let Some((kind, name)) = object else {
+        let kinds = KINDS.join(", ");
+        return Err(bad(
+            "object",
+            format!("must be KIND/NAME with KIND one of {kinds} and NAME an object's name"),
+        ));
+    };
     let limit = p.limit.unwrap_or(100);
     if !(1..=1000).contains(&limit) {
-        return Err(bad("limit must be between 1 and 1000".into()));
+        return Err(bad("limit", "must be between 1 and 1000".into()));
     }
     let items = store::events::for_object(&app.db, caller.workspace_id, kind, name, limit).await?;
     Ok(Json(List::all(items)))

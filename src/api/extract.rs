@@ -1,7 +1,9 @@
 //! Request extractors that answer bad input with [`ApiError`]: a JSON body whose every
-//! rejection names its field, and query strings.
+//! rejection names its field, query strings and path parameters.
 
 use axum::body::Bytes;
+use axum::extract::path::ErrorKind;
+use axum::extract::rejection::PathRejection;
 use axum::extract::{FromRequest, FromRequestParts, Query, Request};
 use axum::http::{StatusCode, header, request::Parts};
 use serde::de::DeserializeOwned;
@@ -99,6 +101,32 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for Params<T> {
             message: format!("bad query string: {}", e.body_text()),
             fields: vec![],
         })
+    }
+}
+
+/// Path parameters, with a 400 in the error body that names the parameter on failure (a
+/// percent-encoded value that is not UTF-8, say), where axum would answer in plain text.
+pub struct Path<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for Path<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        match axum::extract::Path::<T>::from_request_parts(parts, state).await {
+            Ok(axum::extract::Path(v)) => Ok(Path(v)),
+            Err(PathRejection::FailedToDeserializePathParams(e)) => {
+                let fields = match e.kind() {
+                    ErrorKind::InvalidUtf8InPathParam { key }
+                    | ErrorKind::ParseErrorAtKey { key, .. }
+                    | ErrorKind::DeserializeError { key, .. } => {
+                        vec![FieldError { path: key.clone(), message: e.kind().to_string() }]
+                    }
+                    _ => vec![],
+                };
+                Err(ApiError::BadRequest { message: format!("bad path: {}", e.kind()), fields })
+            }
+            Err(e) => Err(ApiError::Internal(anyhow::anyhow!("path parameters: {}", e.body_text()))),
+        }
     }
 }
 

@@ -15,6 +15,7 @@ pub const MAX_LIMIT: i64 = 1000;
 #[into_params(parameter_in = Query)]
 pub struct ListParams {
     /// At most this many items (1–1000, default 100).
+    #[param(minimum = 1, maximum = 1000)]
     pub limit: Option<i64>,
     /// The `next` value of the previous page.
     pub cursor: Option<Uuid>,

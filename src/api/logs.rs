@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
@@ -16,7 +16,7 @@ use uuid::Uuid;
 use super::AppState;
 use super::caller::Caller;
 use super::error::{ApiError, ErrorBody};
-use super::extract::Params;
+use super::extract::{Params, Path};
 use crate::hub;
 use crate::store::{self, logs::LogRecord};
 
@@ -37,6 +37,7 @@ pub struct LogParams {
     #[serde(default)]
     pub follow: bool,
     /// Only the last N lines.
+    #[param(minimum = 0)]
     pub tail: Option<i64>,
     /// Start each line with its RFC 3339 time.
     #[serde(default)]
@@ -104,9 +105,7 @@ pub async fn logs(
     Path(name): Path<String>,
     Params(p): Params<LogParams>,
 ) -> Result<Response, ApiError> {
-    let worker = store::workers::get(&app.db, caller.workspace_id, &name)
-        .await?
-        .ok_or_else(|| ApiError::not_found("worker", &name))?;
+    let worker = super::workers::find(&app, &caller, &name).await?;
     let after = match p.tail {
         Some(n) if n < 0 => {
             return Err(ApiError::BadRequest { message: "tail must be 0 or more".into(), fields: vec![] });

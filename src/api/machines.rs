@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 
 use axum::Json;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use chrono::{DateTime, Duration, Utc};
@@ -16,7 +16,7 @@ use uuid::Uuid;
 use super::AppState;
 use super::caller::Caller;
 use super::error::{ApiError, ErrorBody};
-use super::extract::{Body, Params};
+use super::extract::{Body, Params, Path};
 use super::list::List;
 use super::watch::{self, Kind};
 use crate::auth::machine::new_join_token;
@@ -57,11 +57,12 @@ pub struct MachineSpec {
     pub pool: String,
     /// `nfs`, `rdma`.
     pub transports: Vec<String>,
-    pub capacity: Resources,
+    pub capacity: MachineResources,
 }
 
+/// A machine's CPU, memory and GPUs: what it has, or what its workers hold.
 #[derive(Debug, Serialize, ToSchema)]
-pub struct Resources {
+pub struct MachineResources {
     pub cpu_cores: CpuCores,
     pub memory_bytes: i64,
     pub gpus: i32,
@@ -73,7 +74,7 @@ pub struct MachineStatus {
     pub state: String,
     pub last_heartbeat_at: DateTime<Utc>,
     /// Held by the workers placed here.
-    pub allocated: Resources,
+    pub allocated: MachineResources,
     pub data_location: DataLocation,
 }
 
@@ -103,7 +104,7 @@ pub fn to_object(m: MachineRecord) -> Machine {
             cluster: m.cluster,
             pool: m.pool,
             transports: m.transports,
-            capacity: Resources {
+            capacity: MachineResources {
                 cpu_cores: cores(m.cpu_millis),
                 memory_bytes: m.memory_bytes,
                 gpus: m.gpus,
@@ -112,7 +113,7 @@ pub fn to_object(m: MachineRecord) -> Machine {
         status: MachineStatus {
             state: m.state,
             last_heartbeat_at: m.last_heartbeat_at,
-            allocated: Resources {
+            allocated: MachineResources {
                 cpu_cores: cores(m.cpu_alloc),
                 memory_bytes: m.memory_alloc,
                 gpus: m.gpus_alloc,
@@ -142,7 +143,15 @@ pub struct MachineListParams {
 
 /// List machines, by name.
 #[utoipa::path(get, path = "/machines", tag = "machines", params(MachineListParams),
-    responses((status = 200, body = List<Machine>)), security(("bearer" = [])))]
+    responses(
+        (status = 200, description = "A page, or with `watch=true` a stream of changes", content(
+            (List<Machine> = "application/json"),
+            (String = "application/x-ndjson"),
+            (String = "text/event-stream"),
+        )),
+        (status = 410, description = "With `watch=true`: `resource_version` is older than the retained changes", body = ErrorBody),
+    ),
+    security(("bearer" = [])))]
 pub async fn list(
     State(app): State<AppState>,
     caller: Caller,
@@ -197,7 +206,12 @@ pub struct ConfirmDataLocation {
 /// Confirm where the machine keeps copies (Machines → machine → Data location → Confirm).
 #[utoipa::path(post, path = "/machines/{name}/data-location", tag = "machines", params(("name" = String, Path)),
     request_body = ConfirmDataLocation,
-    responses((status = 200, body = Machine), (status = 404, body = ErrorBody), (status = 422, body = ErrorBody)),
+    responses(
+        (status = 200, body = Machine),
+        (status = 403, description = "Not an admin token", body = ErrorBody),
+        (status = 404, body = ErrorBody),
+        (status = 422, body = ErrorBody),
+    ),
     security(("bearer" = [])))]
 pub async fn confirm_data_location(
     State(app): State<AppState>,
@@ -259,18 +273,25 @@ pub struct JoinTokenInput {
     pub ttl_seconds: Option<i64>,
 }
 
-async fn cluster(app: &AppState, name: &str) -> Result<(), ApiError> {
-    if store::clusters::exists(&app.db, name).await? {
-        Ok(())
-    } else {
-        Err(ApiError::not_found("cluster", name))
-    }
+/// 404 unless a cluster of that name exists.
+pub async fn cluster(app: &AppState, name: &str) -> Result<(), ApiError> {
+    let found = match Name::parse(name) {
+        Ok(n) => store::clusters::exists(&app.db, n.as_str()).await?,
+        Err(_) => false,
+    };
+    if found { Ok(()) } else { Err(ApiError::not_found("cluster", name)) }
 }
 
 /// Mint a token machines join the cluster with.
 #[utoipa::path(post, path = "/clusters/{cluster}/join-tokens", tag = "machines", params(("cluster" = String, Path)),
     request_body = JoinTokenInput,
-    responses((status = 201, body = CreatedJoinToken), (status = 404, body = ErrorBody)), security(("bearer" = [])))]
+    responses(
+        (status = 201, body = CreatedJoinToken),
+        (status = 403, description = "Not an organisation-admin token", body = ErrorBody),
+        (status = 404, body = ErrorBody),
+        (status = 422, body = ErrorBody),
+    ),
+    security(("bearer" = [])))]
 pub async fn create_join_token(
     State(app): State<AppState>,
     caller: Caller,
@@ -291,7 +312,12 @@ pub async fn create_join_token(
 
 /// List a cluster's join tokens (never the tokens themselves).
 #[utoipa::path(get, path = "/clusters/{cluster}/join-tokens", tag = "machines", params(("cluster" = String, Path)),
-    responses((status = 200, body = List<JoinToken>), (status = 404, body = ErrorBody)), security(("bearer" = [])))]
+    responses(
+        (status = 200, body = List<JoinToken>),
+        (status = 403, description = "Not an organisation-admin token", body = ErrorBody),
+        (status = 404, body = ErrorBody),
+    ),
+    security(("bearer" = [])))]
 pub async fn list_join_tokens(
     State(app): State<AppState>,
     caller: Caller,
@@ -306,16 +332,21 @@ pub async fn list_join_tokens(
 /// Revoke a join token. Machines that joined with it stay.
 #[utoipa::path(delete, path = "/clusters/{cluster}/join-tokens/{id}", tag = "machines",
     params(("cluster" = String, Path), ("id" = String, Path)),
-    responses((status = 200, body = JoinToken), (status = 404, body = ErrorBody)), security(("bearer" = [])))]
+    responses(
+        (status = 200, body = JoinToken),
+        (status = 403, description = "Not an organisation-admin token", body = ErrorBody),
+        (status = 404, body = ErrorBody),
+    ),
+    security(("bearer" = [])))]
 pub async fn revoke_join_token(
     State(app): State<AppState>,
     caller: Caller,
     Path((name, id)): Path<(String, String)>,
 ) -> Result<Json<JoinToken>, ApiError> {
     caller.require_org_admin("revoke join tokens")?;
-    let found = match Uuid::parse_str(&id) {
-        Ok(id) => store::join_tokens::revoke(&app.db, &name, id).await?,
-        Err(_) => None,
+    let found = match (Name::parse(&name), Uuid::parse_str(&id)) {
+        (Ok(cluster), Ok(id)) => store::join_tokens::revoke(&app.db, cluster.as_str(), id).await?,
+        _ => None,
     };
     found.map(|r| Json(r.into())).ok_or_else(|| ApiError::not_found("join token", &id))
 }

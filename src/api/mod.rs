@@ -28,7 +28,12 @@ use axum::http::{Method, Uri};
 use axum::routing::get;
 use sqlx::PgPool;
 use tower_http::trace::TraceLayer;
+use utoipa::openapi::header::HeaderBuilder;
+use utoipa::openapi::path::ParameterIn;
+use utoipa::openapi::response::ResponseBuilder;
+use utoipa::openapi::schema::{Object, Type};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::openapi::{Content, Ref};
 use utoipa::{Modify, OpenApi};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_swagger_ui::SwaggerUi;
@@ -114,9 +119,75 @@ fn api_routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::with_openapi(ApiDoc::openapi()).nest("/api/v1", v1)
 }
 
-/// The OpenAPI document, generated from the routes themselves.
+/// The API's routes and their OpenAPI document, generated from the routes themselves.
+fn api() -> (Router<AppState>, utoipa::openapi::OpenApi) {
+    let (routes, mut spec) = api_routes().split_for_parts();
+    document_shared_answers(&mut spec);
+    (routes, spec)
+}
+
+/// The OpenAPI document.
 pub fn openapi() -> utoipa::openapi::OpenApi {
-    api_routes().split_for_parts().1
+    api().1
+}
+
+/// Documents, on every operation they apply to, the answers that come from the shared
+/// extractors rather than the handler: a missing or bad token and the rate limit ([`caller`]), a
+/// query string that does not parse ([`extract::Params`]), a body that is not JSON, too large or
+/// not of its shape ([`extract::Body`]). An operation's own description of a status wins.
+fn document_shared_answers(spec: &mut utoipa::openapi::OpenApi) {
+    let error = |description: &str| {
+        ResponseBuilder::new()
+            .description(description)
+            .content("application/json", Content::new(Some(Ref::from_schema_name("ErrorBody"))))
+    };
+    let text = |description: &str| {
+        HeaderBuilder::new().schema(Object::with_type(Type::String)).description(Some(description)).build()
+    };
+    let shared = [
+        (
+            "Unauthorized",
+            error("No token, or one that is not valid, expired or revoked")
+                .header("WWW-Authenticate", text("`Bearer`"))
+                .build(),
+        ),
+        (
+            "TooManyRequests",
+            error("This token made too many requests")
+                .header("Retry-After", text("Seconds to wait before the next request"))
+                .build(),
+        ),
+        ("BadRequest", error("A query string or body that does not parse, or an unknown field").build()),
+        ("PayloadTooLarge", error(&format!("The body is larger than {BODY_LIMIT} bytes")).build()),
+        ("UnsupportedMediaType", error("The body is not sent as application/json").build()),
+    ];
+    let components = spec.components.get_or_insert_with(Default::default);
+    for (name, response) in shared {
+        components.responses.insert(name.into(), response.into());
+    }
+
+    for item in spec.paths.paths.values_mut() {
+        let ops = [&mut item.get, &mut item.put, &mut item.post, &mut item.delete, &mut item.patch];
+        for op in ops.into_iter().flatten() {
+            let mut answers = Vec::new();
+            if op.security.as_ref().is_some_and(|s| !s.is_empty()) {
+                answers.extend([("401", "Unauthorized"), ("429", "TooManyRequests")]);
+            }
+            let query = op.parameters.iter().flatten().any(|p| p.parameter_in == ParameterIn::Query);
+            if query || op.request_body.is_some() {
+                answers.push(("400", "BadRequest"));
+            }
+            if op.request_body.is_some() {
+                answers.extend([("413", "PayloadTooLarge"), ("415", "UnsupportedMediaType")]);
+            }
+            for (status, name) in answers {
+                op.responses
+                    .responses
+                    .entry(status.into())
+                    .or_insert_with(|| Ref::from_response_name(name).into());
+            }
+        }
+    }
 }
 
 /// `/metrics` without a token, for a listen address of its own that only Prometheus reaches.
@@ -127,7 +198,7 @@ pub fn metrics_router(state: AppState) -> Router {
 pub fn router(state: AppState) -> Router {
     // Counters recorded before the recorder exists would be lost.
     crate::observe::handle();
-    let (api, spec) = api_routes().split_for_parts();
+    let (api, spec) = api();
     Router::new()
         .merge(api)
         .merge(agent::router())

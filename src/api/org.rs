@@ -1,7 +1,7 @@
 //! Organisation administration: workspaces, clusters, and the host paths each workspace may use.
 
 use axum::Json;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -12,7 +12,7 @@ use utoipa_axum::routes;
 use super::AppState;
 use super::caller::Caller;
 use super::error::{ApiError, ErrorBody, on_constraint};
-use super::extract::Body;
+use super::extract::{Body, Path};
 use super::list::List;
 use crate::domain::path::AbsPath;
 use crate::domain::{FieldError, Name};
@@ -46,7 +46,8 @@ pub struct HostPaths {
 
 /// List workspaces.
 #[utoipa::path(get, path = "/workspaces", tag = "organisation",
-    responses((status = 200, body = List<Named>), (status = 403, body = ErrorBody)), security(("bearer" = [])))]
+    responses((status = 200, body = List<Named>), (status = 403, description = "Not an organisation-admin token", body = ErrorBody)),
+    security(("bearer" = [])))]
 pub async fn list_workspaces(
     State(app): State<AppState>,
     caller: Caller,
@@ -59,7 +60,13 @@ pub async fn list_workspaces(
 
 /// Create a workspace.
 #[utoipa::path(post, path = "/workspaces", tag = "organisation", request_body = NameInput,
-    responses((status = 201, body = Named), (status = 409, body = ErrorBody)), security(("bearer" = [])))]
+    responses(
+        (status = 201, body = Named),
+        (status = 403, description = "Not an organisation-admin token", body = ErrorBody),
+        (status = 409, body = ErrorBody),
+        (status = 422, body = ErrorBody),
+    ),
+    security(("bearer" = [])))]
 pub async fn create_workspace(
     State(app): State<AppState>,
     caller: Caller,
@@ -87,7 +94,13 @@ pub async fn list_clusters(
 
 /// Create a cluster.
 #[utoipa::path(post, path = "/clusters", tag = "organisation", request_body = NameInput,
-    responses((status = 201, body = Named), (status = 409, body = ErrorBody)), security(("bearer" = [])))]
+    responses(
+        (status = 201, body = Named),
+        (status = 403, description = "Not an organisation-admin token", body = ErrorBody),
+        (status = 409, body = ErrorBody),
+        (status = 422, body = ErrorBody),
+    ),
+    security(("bearer" = [])))]
 pub async fn create_cluster(
     State(app): State<AppState>,
     caller: Caller,
@@ -102,19 +115,24 @@ pub async fn create_cluster(
 }
 
 async fn target(app: &AppState, workspace: &str, cluster: &str) -> Result<uuid::Uuid, ApiError> {
-    let ws = store::workspaces::by_name(&app.db, workspace)
-        .await?
-        .ok_or_else(|| ApiError::not_found("workspace", workspace))?;
-    if !store::clusters::exists(&app.db, cluster).await? {
-        return Err(ApiError::not_found("cluster", cluster));
-    }
+    let ws = match Name::parse(workspace) {
+        Ok(name) => store::workspaces::by_name(&app.db, name.as_str()).await?,
+        Err(_) => None,
+    };
+    let ws = ws.ok_or_else(|| ApiError::not_found("workspace", workspace))?;
+    super::machines::cluster(app, cluster).await?;
     Ok(ws.id)
 }
 
 /// The host paths a workspace may use on a cluster.
 #[utoipa::path(get, path = "/workspaces/{workspace}/clusters/{cluster}/host-paths", tag = "organisation",
     params(("workspace" = String, Path), ("cluster" = String, Path)),
-    responses((status = 200, body = HostPaths), (status = 404, body = ErrorBody)), security(("bearer" = [])))]
+    responses(
+        (status = 200, body = HostPaths),
+        (status = 403, description = "Not an organisation-admin token", body = ErrorBody),
+        (status = 404, body = ErrorBody),
+    ),
+    security(("bearer" = [])))]
 pub async fn get_host_paths(
     State(app): State<AppState>,
     caller: Caller,
@@ -129,7 +147,12 @@ pub async fn get_host_paths(
 /// Replace the host paths a workspace may use on a cluster.
 #[utoipa::path(put, path = "/workspaces/{workspace}/clusters/{cluster}/host-paths", tag = "organisation",
     params(("workspace" = String, Path), ("cluster" = String, Path)), request_body = HostPaths,
-    responses((status = 200, body = HostPaths), (status = 404, body = ErrorBody), (status = 422, body = ErrorBody)),
+    responses(
+        (status = 200, body = HostPaths),
+        (status = 403, description = "Not an organisation-admin token", body = ErrorBody),
+        (status = 404, body = ErrorBody),
+        (status = 422, body = ErrorBody),
+    ),
     security(("bearer" = [])))]
 pub async fn put_host_paths(
     State(app): State<AppState>,

@@ -3,7 +3,7 @@
 use std::collections::{HashMap, HashSet};
 
 use axum::Json;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use chrono::{DateTime, Utc};
@@ -15,7 +15,7 @@ use utoipa_axum::routes;
 use super::AppState;
 use super::caller::Caller;
 use super::error::{ApiError, ErrorBody, on_constraint};
-use super::extract::{Body, Params};
+use super::extract::{Body, Params, Path};
 use super::list::{List, ListParams};
 use super::meta::ObjectMeta;
 use super::secrets;
@@ -115,6 +115,7 @@ fn resolve_mounts(spec: &mut RunSpec, drives: &[DriveRecord], p: &mut Problems) 
     responses(
         (status = 201, description = "Created", body = Run),
         (status = 400, description = "Malformed JSON or an unknown field", body = ErrorBody),
+        (status = 403, description = "A viewer token", body = ErrorBody),
         (status = 409, description = "The name is taken", body = ErrorBody),
         (status = 422, description = "An invalid value", body = ErrorBody),
     ),
@@ -157,7 +158,15 @@ pub async fn create(
 
 /// List runs, newest first: those not yet ended, or all with `all=true`.
 #[utoipa::path(get, path = "/runs", tag = "runs", params(ListParams),
-    responses((status = 200, body = List<Run>)), security(("bearer" = [])))]
+    responses(
+        (status = 200, description = "A page, or with `watch=true` a stream of changes", content(
+            (List<Run> = "application/json"),
+            (String = "application/x-ndjson"),
+            (String = "text/event-stream"),
+        )),
+        (status = 410, description = "With `watch=true`: `resource_version` is older than the retained changes", body = ErrorBody),
+    ),
+    security(("bearer" = [])))]
 pub async fn list(
     State(app): State<AppState>,
     caller: Caller,
@@ -222,7 +231,12 @@ pub async fn list_workers(
 
 /// Delete a run and stop its workers.
 #[utoipa::path(delete, path = "/runs/{name}", tag = "runs", params(("name" = String, Path)),
-    responses((status = 204, description = "Deleted"), (status = 404, body = ErrorBody)), security(("bearer" = [])))]
+    responses(
+        (status = 204, description = "Deleted"),
+        (status = 403, description = "A viewer token", body = ErrorBody),
+        (status = 404, body = ErrorBody),
+    ),
+    security(("bearer" = [])))]
 pub async fn delete(
     State(app): State<AppState>,
     caller: Caller,

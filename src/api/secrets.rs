@@ -3,7 +3,7 @@
 use std::collections::{BTreeMap, HashSet};
 
 use axum::Json;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use chrono::{DateTime, Utc};
@@ -16,7 +16,7 @@ use uuid::Uuid;
 use super::AppState;
 use super::caller::Caller;
 use super::error::{ApiError, ErrorBody, on_constraint};
-use super::extract::{Body, Params};
+use super::extract::{Body, Params, Path};
 use super::list::{List, ListParams};
 use super::watch::{self, Kind};
 use crate::auth::seal;
@@ -94,6 +94,7 @@ pub async fn check_refs(
 #[utoipa::path(post, path = "/secrets", tag = "secrets", request_body = SecretInput,
     responses(
         (status = 201, description = "Created", body = Secret),
+        (status = 403, description = "A viewer token", body = ErrorBody),
         (status = 409, description = "The name is taken", body = ErrorBody),
         (status = 422, description = "An invalid value", body = ErrorBody),
     ),
@@ -132,7 +133,15 @@ pub async fn create(
 
 /// List the workspace's secrets (names and keys only).
 #[utoipa::path(get, path = "/secrets", tag = "secrets", params(ListParams),
-    responses((status = 200, body = List<Secret>)), security(("bearer" = [])))]
+    responses(
+        (status = 200, description = "A page, or with `watch=true` a stream of changes", content(
+            (List<Secret> = "application/json"),
+            (String = "application/x-ndjson"),
+            (String = "text/event-stream"),
+        )),
+        (status = 410, description = "With `watch=true`: `resource_version` is older than the retained changes", body = ErrorBody),
+    ),
+    security(("bearer" = [])))]
 pub async fn list(
     State(app): State<AppState>,
     caller: Caller,
@@ -176,21 +185,24 @@ pub async fn load(app: &AppState, caller: &Caller, name: &str) -> Result<Secret,
 
 /// Delete a secret.
 #[utoipa::path(delete, path = "/secrets/{name}", tag = "secrets", params(("name" = String, Path)),
-    responses((status = 204, description = "Deleted"), (status = 404, body = ErrorBody)), security(("bearer" = [])))]
+    responses(
+        (status = 204, description = "Deleted"),
+        (status = 403, description = "A viewer token", body = ErrorBody),
+        (status = 404, body = ErrorBody),
+        (status = 409, description = "A drive or run uses the secret", body = ErrorBody),
+    ),
+    security(("bearer" = [])))]
 pub async fn delete(
     State(app): State<AppState>,
     caller: Caller,
     Path(name): Path<String>,
 ) -> Result<StatusCode, ApiError> {
     caller.require(Role::Editor, "delete secrets")?;
-    if let Some(user) = store::secrets::user(&app.db, caller.workspace_id, &name).await? {
+    let Ok(secret) = Name::parse(&name) else { return Err(ApiError::not_found("secret", &name)) };
+    if let Some(user) = store::secrets::user(&app.db, caller.workspace_id, secret.as_str()).await? {
         return Err(ApiError::Conflict(format!("secret {name} is used by {user}: delete it first")));
     }
-    let deleted = match Name::parse(&name) {
-        Ok(n) => store::secrets::delete(&app.db, caller.workspace_id, n.as_str()).await?,
-        Err(_) => false,
-    };
-    if !deleted {
+    if !store::secrets::delete(&app.db, caller.workspace_id, secret.as_str()).await? {
         return Err(ApiError::not_found("secret", &name));
     }
     Ok(StatusCode::NO_CONTENT)

@@ -1,7 +1,7 @@
 //! `/tokens`: a workspace admin creates, lists and revokes the workspace's tokens.
 
 use axum::Json;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use chrono::{DateTime, Duration, Utc};
 use serde::{Deserialize, Serialize};
@@ -13,7 +13,7 @@ use uuid::Uuid;
 use super::AppState;
 use super::caller::Caller;
 use super::error::{ApiError, ErrorBody};
-use super::extract::Body;
+use super::extract::{Body, Path};
 use super::list::List;
 use crate::auth::issue;
 use crate::domain::Name;
@@ -76,7 +76,12 @@ impl From<TokenRecord> for Token {
 
 /// Create a token for this workspace. The answer holds the token once.
 #[utoipa::path(post, path = "/tokens", tag = "tokens", request_body = TokenInput,
-    responses((status = 201, body = CreatedToken), (status = 422, body = ErrorBody)), security(("bearer" = [])))]
+    responses(
+        (status = 201, body = CreatedToken),
+        (status = 403, description = "Not an admin token, or an organisation-admin token asked for without one", body = ErrorBody),
+        (status = 422, body = ErrorBody),
+    ),
+    security(("bearer" = [])))]
 pub async fn create(
     State(app): State<AppState>,
     caller: Caller,
@@ -105,7 +110,8 @@ pub async fn create(
 
 /// List the workspace's tokens (never the tokens themselves).
 #[utoipa::path(get, path = "/tokens", tag = "tokens",
-    responses((status = 200, body = List<Token>)), security(("bearer" = [])))]
+    responses((status = 200, body = List<Token>), (status = 403, description = "Not an admin token", body = ErrorBody)),
+    security(("bearer" = [])))]
 pub async fn list(State(app): State<AppState>, caller: Caller) -> Result<Json<List<Token>>, ApiError> {
     caller.require(Role::Admin, "manage tokens")?;
     let rows = store::tokens::list(&app.db, caller.workspace_id).await?;
@@ -114,7 +120,12 @@ pub async fn list(State(app): State<AppState>, caller: Caller) -> Result<Json<Li
 
 /// Revoke a token. It stops working on its next request.
 #[utoipa::path(delete, path = "/tokens/{id}", tag = "tokens", params(("id" = String, Path)),
-    responses((status = 200, body = Token), (status = 404, body = ErrorBody)), security(("bearer" = [])))]
+    responses(
+        (status = 200, body = Token),
+        (status = 403, description = "Not an admin token", body = ErrorBody),
+        (status = 404, body = ErrorBody),
+    ),
+    security(("bearer" = [])))]
 pub async fn revoke(
     State(app): State<AppState>,
     caller: Caller,

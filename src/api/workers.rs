@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 
 use axum::Json;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use utoipa::ToSchema;
@@ -14,6 +14,8 @@ use uuid::Uuid;
 use super::AppState;
 use super::caller::Caller;
 use super::error::{ApiError, ErrorBody};
+use super::extract::Path;
+use crate::domain::name::could_name_object;
 use crate::domain::run::WorkerState;
 use crate::store::{self, workers::WorkerRecord};
 
@@ -97,8 +99,16 @@ pub async fn get(
     caller: Caller,
     Path(name): Path<String>,
 ) -> Result<Json<Worker>, ApiError> {
-    let worker = store::workers::get(&app.db, caller.workspace_id, &name)
-        .await?
-        .ok_or_else(|| ApiError::not_found("worker", &name))?;
+    let worker = find(&app, &caller, &name).await?;
     Ok(Json(to_object(&caller.workspace, worker)))
+}
+
+/// The caller's worker of that name, or 404.
+pub async fn find(app: &AppState, caller: &Caller, name: &str) -> Result<WorkerRecord, ApiError> {
+    let found = if could_name_object(name) {
+        store::workers::get(&app.db, caller.workspace_id, name).await?
+    } else {
+        None
+    };
+    found.ok_or_else(|| ApiError::not_found("worker", name))
 }

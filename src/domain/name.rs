@@ -33,6 +33,14 @@ impl Name {
     }
 }
 
+/// Whether `s` could name a stored run or worker. Those may be longer than a [`Name`]: a fill run
+/// is `fill-<drive>-<machine>` and a worker `<run>-<index>`, but they are spelled the same way.
+/// Anything else names nothing and need not be looked up.
+pub fn could_name_object(s: &str) -> bool {
+    (1..=253).contains(&s.len())
+        && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+}
+
 impl TryFrom<String> for Name {
     type Error = String;
     fn try_from(s: String) -> Result<Self, String> {
@@ -60,6 +68,16 @@ mod tests {
     fn accepts_dns_labels() {
         for ok in ["a", "food101", "gpu-01", "x".repeat(63).as_str()] {
             assert_eq!(Name::parse(ok).unwrap().as_str(), ok);
+        }
+    }
+
+    #[test]
+    fn object_names_may_be_longer_than_names_but_not_spelled_otherwise() {
+        // fill-<63>-<63>-0: 5 + 63 + 1 + 63 + 2 = 134 characters.
+        let fill_worker = format!("fill-{}-{}-0", "d".repeat(63), "m".repeat(63));
+        assert!(could_name_object(&fill_worker) && could_name_object("inspect-food101-0"));
+        for bad in ["", "a\0b", "run/x", "Food", "a b", "(", &"x".repeat(254)] {
+            assert!(!could_name_object(bad), "{bad:?}");
         }
     }
 

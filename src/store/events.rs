@@ -99,7 +99,8 @@ pub async fn for_object(
              SELECT * FROM events
              WHERE (workspace_id = $1 OR workspace_id IS NULL)
                AND ((object_kind = $2 AND object_name = $3)
-                    OR ($2 = 'run' AND object_kind = 'worker' AND object_name ~ ('^' || $3 || '-[0-9]+$')))
+                    OR ($2 = 'run' AND object_kind = 'worker' AND starts_with(object_name, $3 || '-')
+                        AND substr(object_name, length($3) + 2) ~ '^[0-9]+$'))
              ORDER BY last_at DESC, id DESC LIMIT $4) e
          ORDER BY last_at, object_name"
     ))

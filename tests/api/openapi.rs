@@ -154,3 +154,72 @@ async fn a_wrong_method_on_a_known_route_answers_405_with_the_error_body(db: sql
         assert_eq!(allowed.join(","), allow, "{method} {path}: the Allow header names the methods");
     }
 }
+
+/// `(METHOD path, operation)` of every operation in the document.
+fn operations(spec: &Value) -> Vec<(String, &Value)> {
+    let mut ops = Vec::new();
+    for (path, item) in spec["paths"].as_object().unwrap() {
+        for (method, op) in item.as_object().unwrap() {
+            ops.push((format!("{} {path}", method.to_uppercase()), op));
+        }
+    }
+    ops
+}
+
+#[test]
+fn every_operation_documents_the_answers_of_the_shared_extractors() {
+    let spec: Value = serde_json::from_str(&generated()).unwrap();
+    let mut missing = Vec::new();
+    for (name, op) in operations(&spec) {
+        let mut want = Vec::new();
+        if op["security"].as_array().is_some_and(|s| !s.is_empty()) {
+            want.extend(["401", "429"]);
+        }
+        let query = op["parameters"].as_array().into_iter().flatten().any(|p| p["in"] == "query");
+        let body = op.get("requestBody").is_some();
+        if query || body {
+            want.push("400");
+        }
+        if body {
+            want.extend(["413", "415"]);
+        }
+        missing.extend(
+            want.into_iter().filter(|s| op["responses"].get(*s).is_none()).map(|s| format!("{name}: {s}")),
+        );
+    }
+    assert!(missing.is_empty(), "undocumented answers: {missing:#?}");
+    // The shared answers say how to come back: a 401 names the scheme, a 429 when to retry.
+    let responses = &spec["components"]["responses"];
+    assert!(responses["Unauthorized"]["headers"]["WWW-Authenticate"].is_object(), "{responses}");
+    assert!(responses["TooManyRequests"]["headers"]["Retry-After"].is_object(), "{responses}");
+}
+
+#[test]
+fn every_change_documents_its_refusal() {
+    let spec: Value = serde_json::from_str(&generated()).unwrap();
+    let undocumented: Vec<_> = operations(&spec)
+        .into_iter()
+        .filter(|(name, op)| !name.starts_with("GET ") && op["responses"].get("403").is_none())
+        .map(|(name, _)| name)
+        .collect();
+    assert!(undocumented.is_empty(), "changes a viewer may not make, without a 403: {undocumented:#?}");
+}
+
+#[test]
+fn a_machines_resources_have_a_schema_apart_from_a_tasks_requested_resources() {
+    let spec: Value = serde_json::from_str(&generated()).unwrap();
+    let schemas = &spec["components"]["schemas"];
+    // Nothing allocated on a machine is 0 bytes, which a task's request may not be.
+    let machine = &schemas["MachineResources"];
+    assert_eq!(
+        schemas["MachineSpec"]["properties"]["capacity"]["$ref"],
+        "#/components/schemas/MachineResources"
+    );
+    assert_eq!(
+        schemas["MachineStatus"]["properties"]["allocated"]["$ref"],
+        "#/components/schemas/MachineResources"
+    );
+    assert!(machine["properties"]["memory_bytes"].get("minimum").is_none(), "{machine}");
+    assert_eq!(schemas["Resources"]["properties"]["memory_bytes"]["minimum"], 1);
+    assert!(schemas["Resources"]["properties"]["node_selection"].is_object());
+}

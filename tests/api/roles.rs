@@ -366,3 +366,41 @@ async fn another_workspaces_lists_do_not_show_its_objects(db: sqlx::PgPool) {
     let a_drives = app.get("/drives").await.json()["items"].as_array().unwrap().len();
     assert_eq!(a_drives, 1);
 }
+
+/// The statuses the OpenAPI document gives for `method` on `path` (under /api/v1), whose
+/// `{param}` segments match any segment.
+fn documented(spec: &Value, method: &Method, path: &str) -> Vec<String> {
+    let path = format!("/api/v1{}", path.split('?').next().unwrap());
+    let segments: Vec<_> = path.split('/').collect();
+    let (_, item) = spec["paths"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .find(|(template, _)| {
+            let t: Vec<_> = template.split('/').collect();
+            t.len() == segments.len() && t.iter().zip(&segments).all(|(t, s)| t.starts_with('{') || t == s)
+        })
+        .unwrap_or_else(|| panic!("{path} is not in the document"));
+    let op = &item[method.as_str().to_lowercase()];
+    op["responses"].as_object().map(|r| r.keys().cloned().collect()).unwrap_or_default()
+}
+
+#[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
+async fn every_answer_of_the_role_matrix_is_documented(db: sqlx::PgPool) {
+    let app = spawn_app(db).await;
+    let spec = astraeus::api::openapi();
+    let spec: Value = serde_json::from_str(&spec.to_json().unwrap()).unwrap();
+    created(app.create_drive(&recipe_drive()).await);
+    let mut undocumented = String::new();
+    for who in EVERYONE {
+        let token = who.token(&app).await;
+        for c in cases_for(&app, who).await {
+            let reply = app.request(c.method.clone(), &c.path, Some(&token), c.body.as_ref()).await;
+            let status = reply.status.as_u16().to_string();
+            if !documented(&spec, &c.method, &c.path).contains(&status) {
+                writeln!(undocumented, "{who:?} {} {}: {status} {}", c.method, c.path, reply.text).unwrap();
+            }
+        }
+    }
+    assert!(undocumented.is_empty(), "answers the OpenAPI document does not give:\n{undocumented}");
+}

@@ -27,6 +27,8 @@ export interface paths {
                         "application/json": components["schemas"]["List_Named"];
                     };
                 };
+                401: components["responses"]["Unauthorized"];
+                429: components["responses"]["TooManyRequests"];
             };
         };
         put?: never;
@@ -52,6 +54,17 @@ export interface paths {
                         "application/json": components["schemas"]["Named"];
                     };
                 };
+                400: components["responses"]["BadRequest"];
+                401: components["responses"]["Unauthorized"];
+                /** @description Not an organisation-admin token */
+                403: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["ErrorBody"];
+                    };
+                };
                 409: {
                     headers: {
                         [name: string]: unknown;
@@ -60,6 +73,17 @@ export interface paths {
                         "application/json": components["schemas"]["ErrorBody"];
                     };
                 };
+                413: components["responses"]["PayloadTooLarge"];
+                415: components["responses"]["UnsupportedMediaType"];
+                422: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["ErrorBody"];
+                    };
+                };
+                429: components["responses"]["TooManyRequests"];
             };
         };
         delete?: never;
@@ -95,6 +119,16 @@ export interface paths {
                         "application/json": components["schemas"]["List_JoinToken"];
                     };
                 };
+                401: components["responses"]["Unauthorized"];
+                /** @description Not an organisation-admin token */
+                403: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["ErrorBody"];
+                    };
+                };
                 404: {
                     headers: {
                         [name: string]: unknown;
@@ -103,6 +137,7 @@ export interface paths {
                         "application/json": components["schemas"]["ErrorBody"];
                     };
                 };
+                429: components["responses"]["TooManyRequests"];
             };
         };
         put?: never;
@@ -130,6 +165,17 @@ export interface paths {
                         "application/json": components["schemas"]["CreatedJoinToken"];
                     };
                 };
+                400: components["responses"]["BadRequest"];
+                401: components["responses"]["Unauthorized"];
+                /** @description Not an organisation-admin token */
+                403: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["ErrorBody"];
+                    };
+                };
                 404: {
                     headers: {
                         [name: string]: unknown;
@@ -138,6 +184,17 @@ export interface paths {
                         "application/json": components["schemas"]["ErrorBody"];
                     };
                 };
+                413: components["responses"]["PayloadTooLarge"];
+                415: components["responses"]["UnsupportedMediaType"];
+                422: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["ErrorBody"];
+                    };
+                };
+                429: components["responses"]["TooManyRequests"];
             };
         };
         delete?: never;
@@ -177,6 +234,16 @@ export interface paths {
                         "application/json": components["schemas"]["JoinToken"];
                     };
                 };
+                401: components["responses"]["Unauthorized"];
+                /** @description Not an organisation-admin token */
+                403: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["ErrorBody"];
+                    };
+                };
                 404: {
                     headers: {
                         [name: string]: unknown;
@@ -185,6 +252,7 @@ export interface paths {
                         "application/json": components["schemas"]["ErrorBody"];
                     };
                 };
+                429: components["responses"]["TooManyRequests"];
             };
         };
         options?: never;
@@ -226,14 +294,29 @@ export interface paths {
             };
             requestBody?: never;
             responses: {
+                /** @description A page, or with `watch=true` a stream of changes */
                 200: {
                     headers: {
                         [name: string]: unknown;
                     };
                     content: {
                         "application/json": components["schemas"]["List_Drive"];
+                        "application/x-ndjson": string;
+                        "text/event-stream": string;
                     };
                 };
+                400: components["responses"]["BadRequest"];
+                401: components["responses"]["Unauthorized"];
+                /** @description With `watch=true`: `resource_version` is older than the retained changes */
+                410: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["ErrorBody"];
+                    };
+                };
+                429: components["responses"]["TooManyRequests"];
             };
         };
         put?: never;
@@ -269,6 +352,16 @@ export interface paths {
                         "application/json": components["schemas"]["ErrorBody"];
                     };
                 };
+                401: components["responses"]["Unauthorized"];
+                /** @description A viewer token */
+                403: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["ErrorBody"];
+                    };
+                };
                 /** @description The name is taken */
                 409: {
                     headers: {
@@ -278,6 +371,8 @@ export interface paths {
                         "application/json": components["schemas"]["ErrorBody"];
                     };
                 };
+                413: components["responses"]["PayloadTooLarge"];
+                415: components["responses"]["UnsupportedMediaType"];
                 /** @description An invalid value */
                 422: {
                     headers: {
@@ -287,6 +382,7 @@ export interface paths {
                         "application/json": components["schemas"]["ErrorBody"];
                     };
                 };
+                429: components["responses"]["TooManyRequests"];
             };
         };
         delete?: never;
@@ -322,6 +418,7 @@ export interface paths {
                         "application/json": components["schemas"]["Drive"];
                     };
                 };
+                401: components["responses"]["Unauthorized"];
                 404: {
                     headers: {
                         [name: string]: unknown;
@@ -330,6 +427,7 @@ export interface paths {
                         "application/json": components["schemas"]["ErrorBody"];
                     };
                 };
+                429: components["responses"]["TooManyRequests"];
             };
         };
         /** Drives cannot be replaced: delete the drive and create it again. */
@@ -344,6 +442,16 @@ export interface paths {
             };
             requestBody?: never;
             responses: {
+                401: components["responses"]["Unauthorized"];
+                /** @description A viewer token */
+                403: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["ErrorBody"];
+                    };
+                };
                 404: {
                     headers: {
                         [name: string]: unknown;
@@ -352,6 +460,7 @@ export interface paths {
                         "application/json": components["schemas"]["ErrorBody"];
                     };
                 };
+                /** @description Always, for a drive that exists */
                 405: {
                     headers: {
                         [name: string]: unknown;
@@ -360,6 +469,7 @@ export interface paths {
                         "application/json": components["schemas"]["ErrorBody"];
                     };
                 };
+                429: components["responses"]["TooManyRequests"];
             };
         };
         post?: never;
@@ -382,6 +492,16 @@ export interface paths {
                     };
                     content?: never;
                 };
+                401: components["responses"]["Unauthorized"];
+                /** @description A viewer token */
+                403: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["ErrorBody"];
+                    };
+                };
                 404: {
                     headers: {
                         [name: string]: unknown;
@@ -399,6 +519,7 @@ export interface paths {
                         "application/json": components["schemas"]["ErrorBody"];
                     };
                 };
+                429: components["responses"]["TooManyRequests"];
             };
         };
         options?: never;
@@ -415,6 +536,16 @@ export interface paths {
             };
             requestBody?: never;
             responses: {
+                401: components["responses"]["Unauthorized"];
+                /** @description A viewer token */
+                403: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["ErrorBody"];
+                    };
+                };
                 404: {
                     headers: {
                         [name: string]: unknown;
@@ -423,6 +554,7 @@ export interface paths {
                         "application/json": components["schemas"]["ErrorBody"];
                     };
                 };
+                /** @description Always, for a drive that exists */
                 405: {
                     headers: {
                         [name: string]: unknown;
@@ -431,6 +563,7 @@ export interface paths {
                         "application/json": components["schemas"]["ErrorBody"];
                     };
                 };
+                429: components["responses"]["TooManyRequests"];
             };
         };
         trace?: never;
@@ -473,6 +606,8 @@ export interface paths {
                         "application/json": components["schemas"]["ErrorBody"];
                     };
                 };
+                401: components["responses"]["Unauthorized"];
+                429: components["responses"]["TooManyRequests"];
             };
         };
         put?: never;
@@ -504,14 +639,29 @@ export interface paths {
             };
             requestBody?: never;
             responses: {
+                /** @description A page, or with `watch=true` a stream of changes */
                 200: {
                     headers: {
                         [name: string]: unknown;
                     };
                     content: {
                         "application/json": components["schemas"]["List_Machine"];
+                        "application/x-ndjson": string;
+                        "text/event-stream": string;
                     };
                 };
+                400: components["responses"]["BadRequest"];
+                401: components["responses"]["Unauthorized"];
+                /** @description With `watch=true`: `resource_version` is older than the retained changes */
+                410: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["ErrorBody"];
+                    };
+                };
+                429: components["responses"]["TooManyRequests"];
             };
         };
         put?: never;
@@ -549,6 +699,7 @@ export interface paths {
                         "application/json": components["schemas"]["Machine"];
                     };
                 };
+                401: components["responses"]["Unauthorized"];
                 404: {
                     headers: {
                         [name: string]: unknown;
@@ -557,6 +708,7 @@ export interface paths {
                         "application/json": components["schemas"]["ErrorBody"];
                     };
                 };
+                429: components["responses"]["TooManyRequests"];
             };
         };
         put?: never;
@@ -600,6 +752,17 @@ export interface paths {
                         "application/json": components["schemas"]["Machine"];
                     };
                 };
+                400: components["responses"]["BadRequest"];
+                401: components["responses"]["Unauthorized"];
+                /** @description Not an admin token */
+                403: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["ErrorBody"];
+                    };
+                };
                 404: {
                     headers: {
                         [name: string]: unknown;
@@ -608,6 +771,8 @@ export interface paths {
                         "application/json": components["schemas"]["ErrorBody"];
                     };
                 };
+                413: components["responses"]["PayloadTooLarge"];
+                415: components["responses"]["UnsupportedMediaType"];
                 422: {
                     headers: {
                         [name: string]: unknown;
@@ -616,6 +781,7 @@ export interface paths {
                         "application/json": components["schemas"]["ErrorBody"];
                     };
                 };
+                429: components["responses"]["TooManyRequests"];
             };
         };
         delete?: never;
@@ -658,14 +824,29 @@ export interface paths {
             };
             requestBody?: never;
             responses: {
+                /** @description A page, or with `watch=true` a stream of changes */
                 200: {
                     headers: {
                         [name: string]: unknown;
                     };
                     content: {
                         "application/json": components["schemas"]["List_Run"];
+                        "application/x-ndjson": string;
+                        "text/event-stream": string;
                     };
                 };
+                400: components["responses"]["BadRequest"];
+                401: components["responses"]["Unauthorized"];
+                /** @description With `watch=true`: `resource_version` is older than the retained changes */
+                410: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["ErrorBody"];
+                    };
+                };
+                429: components["responses"]["TooManyRequests"];
             };
         };
         put?: never;
@@ -701,6 +882,16 @@ export interface paths {
                         "application/json": components["schemas"]["ErrorBody"];
                     };
                 };
+                401: components["responses"]["Unauthorized"];
+                /** @description A viewer token */
+                403: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["ErrorBody"];
+                    };
+                };
                 /** @description The name is taken */
                 409: {
                     headers: {
@@ -710,6 +901,8 @@ export interface paths {
                         "application/json": components["schemas"]["ErrorBody"];
                     };
                 };
+                413: components["responses"]["PayloadTooLarge"];
+                415: components["responses"]["UnsupportedMediaType"];
                 /** @description An invalid value */
                 422: {
                     headers: {
@@ -719,6 +912,7 @@ export interface paths {
                         "application/json": components["schemas"]["ErrorBody"];
                     };
                 };
+                429: components["responses"]["TooManyRequests"];
             };
         };
         delete?: never;
@@ -754,6 +948,7 @@ export interface paths {
                         "application/json": components["schemas"]["Run"];
                     };
                 };
+                401: components["responses"]["Unauthorized"];
                 404: {
                     headers: {
                         [name: string]: unknown;
@@ -762,6 +957,7 @@ export interface paths {
                         "application/json": components["schemas"]["ErrorBody"];
                     };
                 };
+                429: components["responses"]["TooManyRequests"];
             };
         };
         put?: never;
@@ -785,6 +981,16 @@ export interface paths {
                     };
                     content?: never;
                 };
+                401: components["responses"]["Unauthorized"];
+                /** @description A viewer token */
+                403: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["ErrorBody"];
+                    };
+                };
                 404: {
                     headers: {
                         [name: string]: unknown;
@@ -793,6 +999,7 @@ export interface paths {
                         "application/json": components["schemas"]["ErrorBody"];
                     };
                 };
+                429: components["responses"]["TooManyRequests"];
             };
         };
         options?: never;
@@ -827,6 +1034,7 @@ export interface paths {
                         "application/json": components["schemas"]["List_Worker"];
                     };
                 };
+                401: components["responses"]["Unauthorized"];
                 404: {
                     headers: {
                         [name: string]: unknown;
@@ -835,6 +1043,7 @@ export interface paths {
                         "application/json": components["schemas"]["ErrorBody"];
                     };
                 };
+                429: components["responses"]["TooManyRequests"];
             };
         };
         put?: never;
@@ -879,14 +1088,29 @@ export interface paths {
             };
             requestBody?: never;
             responses: {
+                /** @description A page, or with `watch=true` a stream of changes */
                 200: {
                     headers: {
                         [name: string]: unknown;
                     };
                     content: {
                         "application/json": components["schemas"]["List_Secret"];
+                        "application/x-ndjson": string;
+                        "text/event-stream": string;
                     };
                 };
+                400: components["responses"]["BadRequest"];
+                401: components["responses"]["Unauthorized"];
+                /** @description With `watch=true`: `resource_version` is older than the retained changes */
+                410: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["ErrorBody"];
+                    };
+                };
+                429: components["responses"]["TooManyRequests"];
             };
         };
         put?: never;
@@ -913,6 +1137,17 @@ export interface paths {
                         "application/json": components["schemas"]["Secret"];
                     };
                 };
+                400: components["responses"]["BadRequest"];
+                401: components["responses"]["Unauthorized"];
+                /** @description A viewer token */
+                403: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["ErrorBody"];
+                    };
+                };
                 /** @description The name is taken */
                 409: {
                     headers: {
@@ -922,6 +1157,8 @@ export interface paths {
                         "application/json": components["schemas"]["ErrorBody"];
                     };
                 };
+                413: components["responses"]["PayloadTooLarge"];
+                415: components["responses"]["UnsupportedMediaType"];
                 /** @description An invalid value */
                 422: {
                     headers: {
@@ -931,6 +1168,7 @@ export interface paths {
                         "application/json": components["schemas"]["ErrorBody"];
                     };
                 };
+                429: components["responses"]["TooManyRequests"];
             };
         };
         delete?: never;
@@ -966,6 +1204,7 @@ export interface paths {
                         "application/json": components["schemas"]["Secret"];
                     };
                 };
+                401: components["responses"]["Unauthorized"];
                 404: {
                     headers: {
                         [name: string]: unknown;
@@ -974,6 +1213,7 @@ export interface paths {
                         "application/json": components["schemas"]["ErrorBody"];
                     };
                 };
+                429: components["responses"]["TooManyRequests"];
             };
         };
         put?: never;
@@ -997,6 +1237,16 @@ export interface paths {
                     };
                     content?: never;
                 };
+                401: components["responses"]["Unauthorized"];
+                /** @description A viewer token */
+                403: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["ErrorBody"];
+                    };
+                };
                 404: {
                     headers: {
                         [name: string]: unknown;
@@ -1005,6 +1255,16 @@ export interface paths {
                         "application/json": components["schemas"]["ErrorBody"];
                     };
                 };
+                /** @description A drive or run uses the secret */
+                409: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["ErrorBody"];
+                    };
+                };
+                429: components["responses"]["TooManyRequests"];
             };
         };
         options?: never;
@@ -1037,6 +1297,17 @@ export interface paths {
                         "application/json": components["schemas"]["List_Token"];
                     };
                 };
+                401: components["responses"]["Unauthorized"];
+                /** @description Not an admin token */
+                403: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["ErrorBody"];
+                    };
+                };
+                429: components["responses"]["TooManyRequests"];
             };
         };
         put?: never;
@@ -1062,6 +1333,19 @@ export interface paths {
                         "application/json": components["schemas"]["CreatedToken"];
                     };
                 };
+                400: components["responses"]["BadRequest"];
+                401: components["responses"]["Unauthorized"];
+                /** @description Not an admin token, or an organisation-admin token asked for without one */
+                403: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["ErrorBody"];
+                    };
+                };
+                413: components["responses"]["PayloadTooLarge"];
+                415: components["responses"]["UnsupportedMediaType"];
                 422: {
                     headers: {
                         [name: string]: unknown;
@@ -1070,6 +1354,7 @@ export interface paths {
                         "application/json": components["schemas"]["ErrorBody"];
                     };
                 };
+                429: components["responses"]["TooManyRequests"];
             };
         };
         delete?: never;
@@ -1108,6 +1393,16 @@ export interface paths {
                         "application/json": components["schemas"]["Token"];
                     };
                 };
+                401: components["responses"]["Unauthorized"];
+                /** @description Not an admin token */
+                403: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["ErrorBody"];
+                    };
+                };
                 404: {
                     headers: {
                         [name: string]: unknown;
@@ -1116,6 +1411,7 @@ export interface paths {
                         "application/json": components["schemas"]["ErrorBody"];
                     };
                 };
+                429: components["responses"]["TooManyRequests"];
             };
         };
         options?: never;
@@ -1151,6 +1447,7 @@ export interface paths {
                         "application/json": components["schemas"]["Worker"];
                     };
                 };
+                401: components["responses"]["Unauthorized"];
                 404: {
                     headers: {
                         [name: string]: unknown;
@@ -1159,6 +1456,7 @@ export interface paths {
                         "application/json": components["schemas"]["ErrorBody"];
                     };
                 };
+                429: components["responses"]["TooManyRequests"];
             };
         };
         put?: never;
@@ -1205,6 +1503,8 @@ export interface paths {
                         "text/plain": string;
                     };
                 };
+                400: components["responses"]["BadRequest"];
+                401: components["responses"]["Unauthorized"];
                 404: {
                     headers: {
                         [name: string]: unknown;
@@ -1213,6 +1513,7 @@ export interface paths {
                         "application/json": components["schemas"]["ErrorBody"];
                     };
                 };
+                429: components["responses"]["TooManyRequests"];
             };
         };
         put?: never;
@@ -1248,6 +1549,8 @@ export interface paths {
                         "application/json": components["schemas"]["List_Named"];
                     };
                 };
+                401: components["responses"]["Unauthorized"];
+                /** @description Not an organisation-admin token */
                 403: {
                     headers: {
                         [name: string]: unknown;
@@ -1256,6 +1559,7 @@ export interface paths {
                         "application/json": components["schemas"]["ErrorBody"];
                     };
                 };
+                429: components["responses"]["TooManyRequests"];
             };
         };
         put?: never;
@@ -1281,6 +1585,17 @@ export interface paths {
                         "application/json": components["schemas"]["Named"];
                     };
                 };
+                400: components["responses"]["BadRequest"];
+                401: components["responses"]["Unauthorized"];
+                /** @description Not an organisation-admin token */
+                403: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["ErrorBody"];
+                    };
+                };
                 409: {
                     headers: {
                         [name: string]: unknown;
@@ -1289,6 +1604,17 @@ export interface paths {
                         "application/json": components["schemas"]["ErrorBody"];
                     };
                 };
+                413: components["responses"]["PayloadTooLarge"];
+                415: components["responses"]["UnsupportedMediaType"];
+                422: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["ErrorBody"];
+                    };
+                };
+                429: components["responses"]["TooManyRequests"];
             };
         };
         delete?: never;
@@ -1325,6 +1651,16 @@ export interface paths {
                         "application/json": components["schemas"]["HostPaths"];
                     };
                 };
+                401: components["responses"]["Unauthorized"];
+                /** @description Not an organisation-admin token */
+                403: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["ErrorBody"];
+                    };
+                };
                 404: {
                     headers: {
                         [name: string]: unknown;
@@ -1333,6 +1669,7 @@ export interface paths {
                         "application/json": components["schemas"]["ErrorBody"];
                     };
                 };
+                429: components["responses"]["TooManyRequests"];
             };
         };
         /** Replace the host paths a workspace may use on a cluster. */
@@ -1360,6 +1697,17 @@ export interface paths {
                         "application/json": components["schemas"]["HostPaths"];
                     };
                 };
+                400: components["responses"]["BadRequest"];
+                401: components["responses"]["Unauthorized"];
+                /** @description Not an organisation-admin token */
+                403: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["ErrorBody"];
+                    };
+                };
                 404: {
                     headers: {
                         [name: string]: unknown;
@@ -1368,6 +1716,8 @@ export interface paths {
                         "application/json": components["schemas"]["ErrorBody"];
                     };
                 };
+                413: components["responses"]["PayloadTooLarge"];
+                415: components["responses"]["UnsupportedMediaType"];
                 422: {
                     headers: {
                         [name: string]: unknown;
@@ -1376,6 +1726,7 @@ export interface paths {
                         "application/json": components["schemas"]["ErrorBody"];
                     };
                 };
+                429: components["responses"]["TooManyRequests"];
             };
         };
         post?: never;
@@ -1728,8 +2079,16 @@ export interface components {
             /** Format: uuid */
             uid: string;
         };
+        /** @description A machine's CPU, memory and GPUs: what it has, or what its workers hold. */
+        MachineResources: {
+            cpu_cores: components["schemas"]["CpuCores"];
+            /** Format: int32 */
+            gpus: number;
+            /** Format: int64 */
+            memory_bytes: number;
+        };
         MachineSpec: {
-            capacity: components["schemas"]["Resources"];
+            capacity: components["schemas"]["MachineResources"];
             cluster: string;
             pool: string;
             /** @description `nfs`, `rdma`. */
@@ -1737,7 +2096,7 @@ export interface components {
         };
         MachineStatus: {
             /** @description Held by the workers placed here. */
-            allocated: components["schemas"]["Resources"];
+            allocated: components["schemas"]["MachineResources"];
             data_location: components["schemas"]["DataLocation"];
             /** Format: date-time */
             last_heartbeat_at: string;
@@ -1964,7 +2323,57 @@ export interface components {
             };
         };
     };
-    responses: never;
+    responses: {
+        /** @description A query string or body that does not parse, or an unknown field */
+        BadRequest: {
+            headers: {
+                [name: string]: unknown;
+            };
+            content: {
+                "application/json": components["schemas"]["ErrorBody"];
+            };
+        };
+        /** @description The body is larger than 1048576 bytes */
+        PayloadTooLarge: {
+            headers: {
+                [name: string]: unknown;
+            };
+            content: {
+                "application/json": components["schemas"]["ErrorBody"];
+            };
+        };
+        /** @description This token made too many requests */
+        TooManyRequests: {
+            headers: {
+                /** @description Seconds to wait before the next request */
+                "Retry-After"?: string;
+                [name: string]: unknown;
+            };
+            content: {
+                "application/json": components["schemas"]["ErrorBody"];
+            };
+        };
+        /** @description No token, or one that is not valid, expired or revoked */
+        Unauthorized: {
+            headers: {
+                /** @description `Bearer` */
+                "WWW-Authenticate"?: string;
+                [name: string]: unknown;
+            };
+            content: {
+                "application/json": components["schemas"]["ErrorBody"];
+            };
+        };
+        /** @description The body is not sent as application/json */
+        UnsupportedMediaType: {
+            headers: {
+                [name: string]: unknown;
+            };
+            content: {
+                "application/json": components["schemas"]["ErrorBody"];
+            };
+        };
+    };
     parameters: never;
     requestBodies: never;
     headers: never;

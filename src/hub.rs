@@ -17,6 +17,8 @@ pub const MACHINE: &str = "astraeus_machine";
 pub const WORKER: &str = "astraeus_worker";
 pub const SCHEDULE: &str = "astraeus_schedule";
 pub const CHANGE: &str = "astraeus_change";
+/// A credential was revoked or replaced: the payload is the token's or the machine's id.
+pub const REVOKED: &str = "astraeus_revoked";
 
 #[derive(Default)]
 pub struct Hub {
@@ -25,6 +27,8 @@ pub struct Hub {
     pub schedule: Notify,
     /// A watched object changed (the payload names its kind; watchers re-read their own).
     pub changes: Notify,
+    /// Credentials checked lately, forgotten when revoked on any replica.
+    pub credentials: crate::auth::recent::Recent,
 }
 
 impl Hub {
@@ -52,6 +56,10 @@ impl Hub {
             return;
         }
         let Ok(id) = payload.parse::<Uuid>() else { return };
+        if channel == REVOKED {
+            self.credentials.forget(id);
+            return;
+        }
         let channel = match channel {
             MACHINE => MACHINE,
             WORKER => WORKER,
@@ -81,7 +89,7 @@ impl Hub {
 
     async fn listen_once(&self, db: &PgPool) -> sqlx::Result<()> {
         let mut listener = PgListener::connect_with(db).await?;
-        listener.listen_all([MACHINE, WORKER, SCHEDULE, CHANGE]).await?;
+        listener.listen_all([MACHINE, WORKER, SCHEDULE, CHANGE, REVOKED]).await?;
         loop {
             let n = listener.recv().await?;
             self.wake(n.channel(), n.payload());
@@ -92,6 +100,12 @@ impl Hub {
 /// Asks every replica's scheduler to look at pending work, on commit.
 pub async fn request_schedule(db: impl sqlx::PgExecutor<'_>) -> sqlx::Result<()> {
     sqlx::query("SELECT pg_notify($1, '')").bind(SCHEDULE).execute(db).await.map(drop)
+}
+
+/// Tells every replica, on commit, to check the credentials of `id` (a token or a machine)
+/// in Postgres again.
+pub async fn revoked(db: impl sqlx::PgExecutor<'_>, id: Uuid) -> sqlx::Result<()> {
+    sqlx::query("SELECT pg_notify($1, $2::text)").bind(REVOKED).bind(id).execute(db).await.map(drop)
 }
 
 /// Wakes whoever follows the worker (its logs, its state), on commit.

@@ -66,8 +66,11 @@ impl FromRequestParts<AppState> for MachineCaller {
             })?;
         let claims = verify_credential(&app.keys, bearer.trim())
             .map_err(|e| ApiError::Unauthorized(format!("the machine credential is not valid: {e}")))?;
-        if !store::machines::credential_is_current(&app.db, claims.mid, claims.jti).await? {
-            return Err(ApiError::Unauthorized("the machine credential was replaced: join again".into()));
+        if !app.hub.credentials.is_fresh(claims.mid, claims.jti) {
+            if !store::machines::credential_is_current(&app.db, claims.mid, claims.jti).await? {
+                return Err(ApiError::Unauthorized("the machine credential was replaced: join again".into()));
+            }
+            app.hub.credentials.remember(claims.mid, claims.jti);
         }
         Ok(MachineCaller { id: claims.mid, name: claims.sub, cluster: claims.cluster })
     }
@@ -114,7 +117,10 @@ async fn join(
     )
     .await?;
     hub::request_schedule(&mut *tx).await?;
+    // Its previous credential, if any, no longer opens this API.
+    hub::revoked(&mut *tx, m.id).await?;
     tx.commit().await?;
+    app.hub.credentials.forget(m.id);
     tracing::info!(machine = %m.name, cluster = %m.cluster, "machine joined");
     let expires = Utc::now() + chrono::Duration::days(365);
     let credential = machine::mint_credential(&app.keys, m.id, &m.name, &m.cluster, credential_id, expires);

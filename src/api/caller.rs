@@ -62,10 +62,13 @@ impl FromRequestParts<AppState> for Caller {
             TokenError::Invalid(why) => ApiError::Unauthorized(format!("the token is not valid ({why})")),
         })?;
         app.limiter.check(claims.jti).map_err(ApiError::TooManyRequests)?;
-        if !store::tokens::is_active(&app.db, claims.jti).await? {
-            return Err(ApiError::Unauthorized(
-                "the token has been revoked, or was never issued here".into(),
-            ));
+        if !app.hub.credentials.is_fresh(claims.jti, claims.jti) {
+            if !store::tokens::is_active(&app.db, claims.jti).await? {
+                return Err(ApiError::Unauthorized(
+                    "the token has been revoked, or was never issued here".into(),
+                ));
+            }
+            app.hub.credentials.remember(claims.jti, claims.jti);
         }
         Ok(Caller {
             token_id: claims.jti,

@@ -18,6 +18,7 @@ use super::list::List;
 use crate::auth::issue;
 use crate::domain::Name;
 use crate::domain::role::Role;
+use crate::hub;
 use crate::store::{self, tokens::TokenRecord, workspaces::Workspace};
 
 pub fn router() -> OpenApiRouter<AppState> {
@@ -132,9 +133,13 @@ pub async fn revoke(
     Path(id): Path<String>,
 ) -> Result<Json<Token>, ApiError> {
     caller.require(Role::Admin, "manage tokens")?;
-    let found = match Uuid::parse_str(&id) {
-        Ok(id) => store::tokens::revoke(&app.db, caller.workspace_id, id).await?,
-        Err(_) => None,
-    };
-    found.map(|r| Json(r.into())).ok_or_else(|| ApiError::not_found("token", &id))
+    let Ok(uid) = Uuid::parse_str(&id) else { return Err(ApiError::not_found("token", &id)) };
+    let mut tx = app.db.begin().await?;
+    let found = store::tokens::revoke(&mut *tx, caller.workspace_id, uid).await?;
+    let found = found.ok_or_else(|| ApiError::not_found("token", &id))?;
+    hub::revoked(&mut *tx, uid).await?;
+    tx.commit().await?;
+    // Refused from the very next request here; other replicas hear of it on commit.
+    app.hub.credentials.forget(uid);
+    Ok(Json(found.into()))
 }

@@ -3,6 +3,7 @@
 pub mod issue;
 pub mod keys;
 pub mod machine;
+pub mod recent;
 pub mod seal;
 pub mod token;
 

@@ -458,3 +458,41 @@ async fn deletions_race_fills_and_runs() {
         "drives_deleted": 2 * rounds, "copies_left": 0});
     finish(&c, &[], 2 * rounds as u64, started, figures).await;
 }
+
+/// A token revoked through one replica is refused by another that had just accepted it: the
+/// revocation reaches every replica's credential cache on commit, well before the cache's own
+/// 10 s expiry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_token_revoked_on_one_replica_is_refused_by_the_others() {
+    let started = Instant::now();
+    let c = Cluster::start("revocation", 2, 1, 8).await.expect("cluster");
+    let (s, made) = c
+        .users
+        .once(0, Method::POST, "/tokens", Some(&json!({"name": "ci", "role": "viewer"})))
+        .await
+        .unwrap();
+    assert_eq!(s, StatusCode::CREATED, "{made}");
+    let viewer =
+        astraeus::bench::http::Api::new(c.http.clone(), &c.replica(1).base, made["token"].as_str().unwrap());
+    viewer.get("/runs").await.expect("the new token works on the other replica");
+    let (s, v) = c
+        .users
+        .once(0, Method::DELETE, &format!("/tokens/{}", made["id"].as_str().unwrap()), None)
+        .await
+        .unwrap();
+    assert_eq!(s, StatusCode::OK, "{v}");
+    let revoked = Instant::now();
+    loop {
+        if viewer.status(Method::GET, "/runs", None).await.unwrap() == StatusCode::UNAUTHORIZED {
+            break;
+        }
+        assert!(
+            revoked.elapsed() < Duration::from_secs(5),
+            "the other replica still accepts the revoked token"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let figures =
+        json!({"replicas": 2, "refused_by_the_other_replica_after_ms": revoked.elapsed().as_millis()});
+    finish(&c, &[], 0, started, figures).await;
+}

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use axum::extract::{FromRequestParts, State};
+use axum::extract::{DefaultBodyLimit, FromRequestParts, State};
 use axum::http::{header, request::Parts};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -33,11 +33,13 @@ use crate::store::{self, machines::Joining, workers::AssignmentRow};
 const MAX_WAIT: Duration = Duration::from_secs(60);
 const MAX_LOG_LINES: usize = 10_000;
 const MAX_COPIES: usize = 100_000;
+/// Room for a heartbeat of [`MAX_COPIES`] copies with long names.
+const HEARTBEAT_BODY_LIMIT: usize = 32 << 20;
 
 pub fn router() -> Router<AppState> {
     Router::new()
         .route("/agent/v1/join", post(join))
-        .route("/agent/v1/heartbeat", post(heartbeat))
+        .route("/agent/v1/heartbeat", post(heartbeat).layer(DefaultBodyLimit::max(HEARTBEAT_BODY_LIMIT)))
         .route("/agent/v1/assignments", get(assignments))
         .route("/agent/v1/workers/{id}/status", post(report_status))
         .route("/agent/v1/workers/{id}/logs", post(upload_logs))

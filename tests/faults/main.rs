@@ -496,3 +496,69 @@ async fn a_token_revoked_on_one_replica_is_refused_by_the_others() {
         json!({"replicas": 2, "refused_by_the_other_replica_after_ms": revoked.elapsed().as_millis()});
     finish(&c, &[], 0, started, figures).await;
 }
+
+/// A heartbeat reporting 100,000 copies (none of them known) is answered, each named for
+/// deletion, without holding the server's memory; one more copy is refused by name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_heartbeat_of_100000_copies_is_answered_in_bounded_time_and_memory() {
+    let started = Instant::now();
+    let c = Cluster::start("big_heartbeat", 1, 0, 8).await.expect("cluster");
+    let (_, join) = c
+        .users
+        .call(Method::POST, "/clusters/main/join-tokens", Some(&json!({"ttl_seconds": 600})))
+        .await
+        .unwrap();
+    let base = c.replica(0).base.clone();
+    let joined: Value = c
+        .http
+        .post(format!("{base}/agent/v1/join"))
+        .json(&json!({"join_token": join["token"], "name": "big", "capacity": {"cpu_cores": 2, "memory_bytes": 1u64 << 32, "gpus": 0}}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let auth = format!("Bearer {}", joined["credential"].as_str().unwrap());
+    let beat = |copies: usize| {
+        let copies: Vec<Value> = (0..copies)
+            .map(|i| json!({"drive": format!("default.dataset-{i:06}"), "bytes": 1, "complete": true}))
+            .collect();
+        json!({"data_location": {"total_bytes": 1u64 << 40, "used_bytes": 0, "free_bytes": 1u64 << 40}, "copies": copies})
+    };
+    let rss_before = c.replica(0).rss_mib();
+    let sent = Instant::now();
+    let r = c
+        .http
+        .post(format!("{base}/agent/v1/heartbeat"))
+        .header("authorization", &auth)
+        .json(&beat(100_000))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    let answer: Value = r.json().await.unwrap();
+    let took = sent.elapsed();
+    assert_eq!(
+        answer["delete_copies"].as_array().unwrap().len(),
+        100_000,
+        "every unknown folder is named for deletion"
+    );
+    let peak_growth = c.replica(0).peak_rss_mib() - rss_before;
+    assert!(peak_growth < 512.0, "the server grew by {peak_growth:.0} MiB for one heartbeat");
+
+    let r = c
+        .http
+        .post(format!("{base}/agent/v1/heartbeat"))
+        .header("authorization", &auth)
+        .json(&beat(100_001))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    let refused: Value = r.json().await.unwrap();
+    assert_eq!(refused["error"]["fields"][0]["path"], "copies", "{refused}");
+    let figures = json!({"copies": 100_000, "answered_after_ms": took.as_millis(),
+        "server_peak_rss_growth_mib": peak_growth.round(), "copies_100001": 422});
+    finish(&c, &[], 0, started, figures).await;
+}

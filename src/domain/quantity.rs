@@ -31,7 +31,8 @@ impl TryFrom<f64> for CpuCores {
             return Err(format!("{cores} is more than {MAX_CORES} cores"));
         }
         let millis = cores * 1000.0;
-        if (millis - millis.round()).abs() > 1e-6 {
+        // Below a thousandth, a value can be too small to be "finer" and still round to none.
+        if (millis - millis.round()).abs() > 1e-6 || millis.round() < 1.0 {
             return Err(format!("{cores} is finer than a thousandth of a core"));
         }
         Ok(CpuCores(millis.round() as u32))
@@ -68,6 +69,9 @@ mod tests {
         assert!(CpuCores::try_from(0.0).unwrap_err().contains("more than 0"));
         assert!(CpuCores::try_from(-1.0).is_err());
         assert!(CpuCores::try_from(0.0005).unwrap_err().contains("thousandth"));
+        // 1e-169 cores is 1e-166 millicores: within 1e-6 of a whole 0, which is no request at all.
+        assert!(CpuCores::try_from(5.720478322052137e-169).unwrap_err().contains("thousandth"));
+        assert_eq!(CpuCores::try_from(0.001).unwrap().millis(), 1);
         assert!(CpuCores::try_from(5000.0).unwrap_err().contains("4096"));
     }
 

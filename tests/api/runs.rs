@@ -222,6 +222,23 @@ async fn replicas_are_between_one_and_a_thousand(db: sqlx::PgPool) {
 }
 
 #[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
+async fn a_cpu_request_too_small_to_be_a_millicore_is_refused(db: sqlx::PgPool) {
+    let app = app_with_recipe_drive(db).await;
+    // 5.7e-169 cores once passed as 0 millicores, and reading the run back failed with a 500.
+    for cores in [json!(5.720478322052137e-169), json!(1e-10), json!(0.0004)] {
+        let run = recipe_run_with(|r| r["spec"]["task_template"]["requested_resources"]["cpu_cores"] = cores);
+        let path = "spec.task_template.requested_resources.cpu_cores";
+        assert_refused(&app.create_run(&run).await, 422, path, "finer than a thousandth of a core");
+    }
+    assert_eq!(run_count(&app).await, 0);
+    let run =
+        recipe_run_with(|r| r["spec"]["task_template"]["requested_resources"]["cpu_cores"] = json!(0.001));
+    let reply = app.create_run(&run).await;
+    assert_eq!(reply.status, 201, "{}", reply.text);
+    assert_eq!(reply.json()["spec"]["task_template"]["requested_resources"]["cpu_cores"], json!(0.001));
+}
+
+#[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
 async fn a_run_makes_one_worker_per_replica(db: sqlx::PgPool) {
     let app = app_with_recipe_drive(db).await;
     let run = recipe_run_with(|r| r["spec"]["replicas"] = json!(3));

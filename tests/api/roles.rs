@@ -83,6 +83,9 @@ async fn cases_for(app: &TestApp, who: Who) -> Vec<Case> {
     created(app.post("/secrets", &secret_named(&format!("del-{s}"))).await);
     let victim =
         claims_of(&app.token_for("default", Role::Viewer, false).await)["jti"].as_str().unwrap().to_owned();
+    let org = Who::OrgAdmin.token(app).await;
+    let join = app.request(Method::POST, "/clusters/main/join-tokens", Some(&org), Some(&json!({}))).await;
+    let join = created(join)["id"].as_str().unwrap().to_owned();
 
     let case = |method: Method, path: String, body: Option<Value>, least: Who, ok: u16| Case {
         method,
@@ -151,6 +154,16 @@ async fn cases_for(app: &TestApp, who: Who) -> Vec<Case> {
         case(M::POST, "/tokens".into(), Some(json!({"name": "ci", "role": "viewer"})), Who::Admin, 201),
         case(M::DELETE, format!("/tokens/{victim}"), None, Who::Admin, 200),
         case(M::POST, "/workspaces".into(), Some(json!({"name": format!("ws-{s}")})), Who::OrgAdmin, 201),
+        case(M::POST, "/clusters/main/join-tokens".into(), Some(json!({})), Who::OrgAdmin, 201),
+        case(M::DELETE, format!("/clusters/main/join-tokens/{join}"), None, Who::OrgAdmin, 200),
+        // No machine has joined: an admin learns that, anyone less is refused first.
+        case(
+            M::POST,
+            "/machines/gpu-01/data-location".into(),
+            Some(json!({"path": "/data"})),
+            Who::Admin,
+            404,
+        ),
         case(M::POST, "/clusters".into(), Some(json!({"name": format!("cluster-{s}")})), Who::OrgAdmin, 201),
         case(
             M::PUT,
@@ -194,7 +207,7 @@ async fn each_role_may_change_exactly_what_it_is_allowed_to(db: sqlx::PgPool) {
             }
         }
     }
-    assert_eq!(seen, 4 * 13);
+    assert_eq!(seen, 4 * 16);
     assert!(wrong.is_empty(), "the role matrix is wrong:\n{wrong}");
 }
 
@@ -403,4 +416,76 @@ async fn every_answer_of_the_role_matrix_is_documented(db: sqlx::PgPool) {
         }
     }
     assert!(undocumented.is_empty(), "answers the OpenAPI document does not give:\n{undocumented}");
+}
+
+/// The operations of the OpenAPI document under /api/v1, as (method, path template).
+fn operations(spec: &Value) -> Vec<(Method, String)> {
+    let mut ops = Vec::new();
+    for (path, item) in spec["paths"].as_object().unwrap() {
+        for method in item.as_object().unwrap().keys() {
+            let path = path.strip_prefix("/api/v1").unwrap_or(path).to_owned();
+            ops.push((method.to_uppercase().parse().unwrap(), path));
+        }
+    }
+    ops
+}
+
+/// Whether the concrete `path` (query aside) is an instance of `template`.
+fn instance_of(path: &str, template: &str) -> bool {
+    let p: Vec<_> = path.split('?').next().unwrap().split('/').collect();
+    let t: Vec<_> = template.split('/').collect();
+    p.len() == t.len() && t.iter().zip(&p).all(|(t, p)| t.starts_with('{') || t == p)
+}
+
+#[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
+async fn the_role_matrix_covers_every_operation_that_changes_something(db: sqlx::PgPool) {
+    let app = spawn_app(db).await;
+    let spec: Value = serde_json::from_str(&astraeus::api::openapi().to_json().unwrap()).unwrap();
+    created(app.create_drive(&recipe_drive()).await); // the runs mount food101
+    let cases = cases_for(&app, Who::Viewer).await;
+    let missing: Vec<String> = operations(&spec)
+        .into_iter()
+        .filter(|(m, _)| *m != Method::GET)
+        .filter(|(m, t)| !cases.iter().any(|c| c.method == *m && instance_of(&c.path, t)))
+        .map(|(m, t)| format!("{m} {t}"))
+        .collect();
+    assert!(missing.is_empty(), "operations the role matrix does not try: {missing:?}");
+}
+
+#[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
+async fn every_operation_refuses_a_request_without_a_token_or_with_a_forged_one(db: sqlx::PgPool) {
+    let app = spawn_app(db).await;
+    let spec: Value = serde_json::from_str(&astraeus::api::openapi().to_json().unwrap()).unwrap();
+    // Signed by a key this server does not hold, for a workspace it knows.
+    let forged = {
+        let other = astraeus::auth::Keys::from_pem(&astraeus::auth::Keys::generate_pem().unwrap()).unwrap();
+        let ws = astraeus::store::workspaces::ensure(&app.db, "default").await.unwrap();
+        let request = astraeus::auth::issue::Request {
+            workspace: &ws,
+            name: "forged",
+            role: Role::Admin,
+            org_admin: true,
+            ttl: chrono::Duration::hours(1),
+        };
+        astraeus::auth::issue::issue(&app.db, &other, &request).await.unwrap().1
+    };
+    let mut wrong = String::new();
+    let ops = operations(&spec);
+    for (method, template) in &ops {
+        let path: String = template
+            .split('/')
+            .map(|s| if s.starts_with('{') { "main" } else { s })
+            .collect::<Vec<_>>()
+            .join("/");
+        let body = (method != Method::GET && method != Method::DELETE).then(|| json!({}));
+        for token in [None, Some(forged.as_str())] {
+            let reply = app.request(method.clone(), &path, token, body.as_ref()).await;
+            if reply.status != 401 || reply.json()["error"]["code"] != "unauthorized" {
+                let who = if token.is_some() { "forged token" } else { "no token" };
+                writeln!(wrong, "{method} {path} with {who}: {} {}", reply.status, reply.text).unwrap();
+            }
+        }
+    }
+    assert!(ops.len() >= 30, "the document lists {} operations", ops.len());
+    assert!(wrong.is_empty(), "answers other than 401:\n{wrong}");
 }

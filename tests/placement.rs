@@ -462,3 +462,23 @@ async fn a_drive_on_one_machine_with_transport_local_sends_every_run_to_that_mac
     assert_eq!(worker["status"]["state"], "Pending");
     cluster.stop().await;
 }
+
+#[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
+async fn a_fill_run_named_past_63_characters_can_be_read_and_deleted(pool: PgPool) {
+    let mut cluster = Cluster::start(&pool).await;
+    let machine = "gpu-with-a-rather-long-name-in-rack-07";
+    let drive = "imagenet-21k-winter-release-shards";
+    cluster.add_ready_machine(machine).await;
+    let api = cluster.api.clone();
+    api.create_drive(&placed_drive(drive, 1_000_000, true, "exit 1", 1.0)).await;
+    api.create_run(&run_mounting("reader", "true", &[drive], 1.0)).await;
+
+    let fill = format!("fill-{drive}-{machine}");
+    assert!(fill.len() > 63);
+    let failed = api.wait_run(&fill, "Failed").await;
+    assert_eq!(failed["metadata"]["name"], fill.as_str());
+    api.delete_run(&fill).await;
+    let remade = api.wait_run(&fill, "Failed").await;
+    assert_ne!(remade["metadata"]["uid"], failed["metadata"]["uid"]);
+    cluster.stop().await;
+}

@@ -21,10 +21,11 @@ use super::meta::ObjectMeta;
 use super::secrets;
 use super::watch::{self, Kind};
 use super::workers::{self, Worker};
+use crate::domain::Problems;
 use crate::domain::meta::MetaInput;
+use crate::domain::name::could_name_object;
 use crate::domain::role::Role;
 use crate::domain::run::{RunSpec, RunState};
-use crate::domain::{Name, Problems};
 use crate::hub;
 use crate::store::{self, drives::DriveRecord, runs::RunRecord};
 
@@ -189,9 +190,11 @@ pub async fn list(
 }
 
 async fn find(app: &AppState, caller: &Caller, name: &str) -> Result<RunRecord, ApiError> {
-    let found = match Name::parse(name) {
-        Ok(n) => store::runs::get(&app.db, caller.workspace_id, n.as_str()).await?,
-        Err(_) => None,
+    // A fill run's name may be longer than a name a user picks.
+    let found = if could_name_object(name) {
+        store::runs::get(&app.db, caller.workspace_id, name).await?
+    } else {
+        None
     };
     found.ok_or_else(|| ApiError::not_found("run", name))
 }
@@ -244,9 +247,10 @@ pub async fn delete(
 ) -> Result<StatusCode, ApiError> {
     caller.require(Role::Editor, "delete runs")?;
     let mut tx = app.db.begin().await?;
-    let run = match Name::parse(&name) {
-        Ok(n) => store::runs::lock(&mut tx, caller.workspace_id, n.as_str()).await?,
-        Err(_) => None,
+    let run = if could_name_object(&name) {
+        store::runs::lock(&mut tx, caller.workspace_id, &name).await?
+    } else {
+        None
     };
     let run = run.ok_or_else(|| ApiError::not_found("run", &name))?;
     // Workers still on machines give their resources back and their agents stop them.

@@ -20,7 +20,7 @@ use crate::controllers::fill;
 use crate::hub::Hub;
 use crate::store::{
     self,
-    workers::{Charge, PendingRow},
+    workers::{Bind, Charge, PendingRow},
 };
 use snapshot::{CopyState, CopyView, DriveNeed, MachineView, Request};
 
@@ -81,8 +81,10 @@ async fn pass(db: &PgPool) -> anyhow::Result<(usize, usize)> {
         return Ok((0, 0));
     }
     let mut machines = load_machines(&mut tx).await?;
-    let mut touched: Vec<Uuid> = Vec::new();
-    let mut placed = 0;
+    // Decided one by one against the in-memory machines, written together at the end.
+    let mut binds: Vec<Bind> = Vec::new();
+    let mut used: (Vec<Uuid>, Vec<Uuid>) = (Vec::new(), Vec::new());
+    let mut decided: HashMap<Uuid, (&PendingRow, String, BTreeMap<String, String>)> = HashMap::new();
     for w in &pending {
         let task = &w.spec.0.task_template;
         let mut request = Request {
@@ -132,31 +134,49 @@ async fn pass(db: &PgPool) -> anyhow::Result<(usize, usize)> {
         };
         let charge =
             Charge { cpu_millis: request.cpu_millis, memory_bytes: request.memory_bytes, gpus: request.gpus };
-        // Copies before the machine row: every transaction locks copies, then workers, then
+        // Copies before the machine rows: every transaction locks copies, then workers, then
         // machines, so none waits on another in a circle. Should the bind lose a race with
         // another replica, the fill controller drops the copies nobody waits for.
         make_room(&mut tx, m, &lacking).await?;
         if released {
-            let ids: Vec<Uuid> = request.placed().map(|d| d.id).collect();
-            store::copies::touch_used(&mut *tx, m.id, &ids).await?;
+            for d in request.placed() {
+                used.0.push(m.id);
+                used.1.push(d.id);
+            }
         }
-        if !store::workers::bind(&mut tx, w.id, m.id, charge, released, &reason).await? {
-            continue;
-        }
-        event(&mut tx, w, false, "Scheduled", &explained).await?;
+        m.take(charge.cpu_millis, charge.memory_bytes, charge.gpus);
+        binds.push(Bind { worker: w.id, machine: m.id, charge, released, reason });
+        decided.insert(w.id, (w, explained, transports));
+    }
+    store::copies::touch_used_pairs(&mut *tx, &used.0, &used.1).await?;
+    let bound = store::workers::bind_all(&mut tx, &binds).await?;
+    let mut events = Vec::with_capacity(bound.len());
+    for id in &bound {
+        let (w, explained, transports) = &decided[id];
+        events.push(store::events::New {
+            workspace: Some(w.workspace_id),
+            object_kind: "worker",
+            object_name: &w.name,
+            warning: false,
+            reason: "Scheduled",
+            message: explained,
+            source: "scheduler",
+        });
         let waited = (chrono::Utc::now() - w.created_at).to_std().unwrap_or_default();
         metrics::histogram!("astraeus_placement_latency_seconds").record(waited.as_secs_f64());
-        m.take(charge.cpu_millis, charge.memory_bytes, charge.gpus);
-        touched.push(m.id);
-        placed += 1;
         if !transports.is_empty() {
-            store::workers::set_transports(&mut *tx, w.id, &transports).await?;
+            store::workers::set_transports(&mut *tx, w.id, transports).await?;
         }
     }
+    store::events::record_all(&mut *tx, &events).await?;
+    let bound: std::collections::HashSet<Uuid> = bound.into_iter().collect();
+    let mut touched: Vec<Uuid> =
+        binds.iter().filter(|b| bound.contains(&b.worker)).map(|b| b.machine).collect();
     touched.sort();
     touched.dedup();
     store::machines::touch_assignments(&mut *tx, &touched).await?;
     tx.commit().await?;
+    let placed = bound.len();
     metrics::counter!("astraeus_placements_total").increment(placed as u64);
     metrics::histogram!("astraeus_scheduler_pass_seconds").record(started.elapsed().as_secs_f64());
     Ok((placed, pending.len()))

@@ -97,6 +97,28 @@ pub async fn touch_used(db: impl PgExecutor<'_>, machine: Uuid, drives: &[Uuid])
         .map(drop)
 }
 
+/// Marks the copies of these (machine, drive) pairs as just used, in one statement.
+pub async fn touch_used_pairs(
+    db: impl PgExecutor<'_>,
+    machines: &[Uuid],
+    drives: &[Uuid],
+) -> sqlx::Result<()> {
+    if machines.is_empty() {
+        return Ok(());
+    }
+    sqlx::query(
+        "WITH t AS (SELECT * FROM unnest($1::uuid[], $2::uuid[]) AS t(machine, drive)),
+              locked AS (SELECT c.id FROM copies c JOIN t ON c.machine_id = t.machine AND c.drive_id = t.drive
+                         ORDER BY c.id FOR UPDATE OF c)
+         UPDATE copies c SET last_used_at = now() FROM locked WHERE c.id = locked.id",
+    )
+    .bind(machines)
+    .bind(drives)
+    .execute(db)
+    .await
+    .map(drop)
+}
+
 /// What a heartbeat changes, and what the agent should delete.
 #[derive(Debug, Default)]
 pub struct Reconciled {
@@ -117,7 +139,7 @@ pub async fn reconcile(
     // Lock the machine's copies and read their states first: a CTE cannot, because rows that
     // the UPDATE below changes are invisible to a FOR UPDATE in the same statement.
     let before: std::collections::HashMap<Uuid, String> =
-        sqlx::query_as("SELECT drive_id, state FROM copies WHERE machine_id = $1 FOR UPDATE")
+        sqlx::query_as("SELECT drive_id, state FROM copies WHERE machine_id = $1 ORDER BY id FOR UPDATE")
             .bind(machine)
             .fetch_all(&mut *tx)
             .await?

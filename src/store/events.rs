@@ -58,6 +58,34 @@ pub async fn record(db: impl PgExecutor<'_>, e: &New<'_>) -> sqlx::Result<()> {
     .map(drop)
 }
 
+/// Records many events in one statement (each counted again when recorded before). No two may
+/// be the same event.
+pub async fn record_all<'a>(db: impl PgExecutor<'_>, events: &[New<'a>]) -> sqlx::Result<()> {
+    if events.is_empty() {
+        return Ok(());
+    }
+    let col = |f: fn(&New<'a>) -> &'a str| events.iter().map(f).collect::<Vec<&str>>();
+    let workspaces: Vec<Option<Uuid>> = events.iter().map(|e| e.workspace).collect();
+    let types = col(|e| if e.warning { "Warning" } else { "Normal" });
+    sqlx::query(
+        "INSERT INTO events (workspace_id, object_kind, object_name, type, reason, message, source)
+         SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[])
+         ON CONFLICT (COALESCE(workspace_id, '00000000-0000-0000-0000-000000000000'::uuid),
+                      object_kind, object_name, reason, message)
+         DO UPDATE SET count = events.count + 1, last_at = now(), source = EXCLUDED.source",
+    )
+    .bind(&workspaces)
+    .bind(col(|e| e.object_kind))
+    .bind(col(|e| e.object_name))
+    .bind(&types)
+    .bind(col(|e| e.reason))
+    .bind(col(|e| e.message))
+    .bind(col(|e| e.source))
+    .execute(db)
+    .await
+    .map(drop)
+}
+
 /// Records an event on the drive with this id.
 pub async fn record_for_drive(
     db: impl PgExecutor<'_>,

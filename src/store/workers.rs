@@ -59,40 +59,68 @@ pub struct Charge {
     pub gpus: i64,
 }
 
-/// Places a Pending worker on a machine, taking `charge` there. The conditional UPDATE refuses
-/// when the machine lacks room or is not Ready, so it is never over-committed.
-/// Returns false when the worker was not bound.
-pub async fn bind(
-    tx: &mut PgConnection,
-    worker: Uuid,
-    machine: Uuid,
-    charge: Charge,
-    released: bool,
-    reason: &str,
-) -> sqlx::Result<bool> {
-    let bound: Option<Uuid> = sqlx::query_scalar(
-        "WITH m AS (
-             UPDATE machines SET cpu_alloc = cpu_alloc + $3, memory_alloc = memory_alloc + $4,
-                 gpus_alloc = gpus_alloc + $5
-             WHERE id = $2 AND state = 'Ready' AND cpu_alloc + $3 <= cpu_millis
-               AND memory_alloc + $4 <= memory_bytes AND gpus_alloc + $5 <= gpus
-               AND EXISTS (SELECT 1 FROM workers WHERE id = $1 AND state = 'Pending')
-             RETURNING id)
-         UPDATE workers SET machine_id = (SELECT id FROM m), state = 'Preparing', reason = $6, released = $7,
-             cpu_charged = $3, memory_charged = $4, gpus_charged = $5
-         WHERE id = $1 AND state = 'Pending' AND EXISTS (SELECT 1 FROM m)
-         RETURNING id",
+/// One worker's placement, applied with the rest of its scheduling pass by [`bind_all`].
+#[derive(Debug, Clone)]
+pub struct Bind {
+    pub worker: Uuid,
+    pub machine: Uuid,
+    pub charge: Charge,
+    pub released: bool,
+    pub reason: String,
+}
+
+/// Places a pass's Pending workers at once; returns those bound. Each machine takes the sum of
+/// its workers' charges in one conditional UPDATE, refused when it lacks room or is not Ready,
+/// so it is never over-committed; the workers of a machine that refused stay Pending. Machines
+/// are locked in id order, so two passes never wait on each other in a circle.
+pub async fn bind_all(tx: &mut PgConnection, binds: &[Bind]) -> sqlx::Result<Vec<Uuid>> {
+    if binds.is_empty() {
+        return Ok(vec![]);
+    }
+    let col = |f: fn(&Bind) -> i64| binds.iter().map(f).collect::<Vec<i64>>();
+    let workers: Vec<Uuid> = binds.iter().map(|b| b.worker).collect();
+    let machines: Vec<Uuid> = binds.iter().map(|b| b.machine).collect();
+    let (cpu, memory, gpus) =
+        (col(|b| b.charge.cpu_millis), col(|b| b.charge.memory_bytes), col(|b| b.charge.gpus));
+    let taken: Vec<Uuid> = sqlx::query_scalar(
+        "WITH t AS (SELECT machine, sum(cpu) AS cpu, sum(mem) AS mem, sum(gpu) AS gpu
+                    FROM unnest($1::uuid[], $2::bigint[], $3::bigint[], $4::bigint[]) AS t(machine, cpu, mem, gpu)
+                    GROUP BY machine),
+              locked AS (SELECT m.id FROM machines m JOIN t ON t.machine = m.id ORDER BY m.id FOR UPDATE OF m)
+         UPDATE machines m SET cpu_alloc = m.cpu_alloc + t.cpu, memory_alloc = m.memory_alloc + t.mem,
+             gpus_alloc = m.gpus_alloc + t.gpu
+         FROM t, (SELECT count(*) FROM locked) AS l
+         WHERE m.id = t.machine AND m.state = 'Ready' AND m.cpu_alloc + t.cpu <= m.cpu_millis
+           AND m.memory_alloc + t.mem <= m.memory_bytes AND m.gpus_alloc + t.gpu <= m.gpus
+         RETURNING m.id",
     )
-    .bind(worker)
-    .bind(machine)
-    .bind(charge.cpu_millis as i32)
-    .bind(charge.memory_bytes)
-    .bind(charge.gpus as i32)
-    .bind(reason)
-    .bind(released)
-    .fetch_optional(&mut *tx)
+    .bind(&machines)
+    .bind(&cpu)
+    .bind(&memory)
+    .bind(&gpus)
+    .fetch_all(&mut *tx)
     .await?;
-    Ok(bound.is_some())
+    let released: Vec<bool> = binds.iter().map(|b| b.released).collect();
+    let reasons: Vec<&str> = binds.iter().map(|b| b.reason.as_str()).collect();
+    // The workers were claimed (locked) by this pass, so each is still Pending.
+    sqlx::query_scalar(
+        "UPDATE workers w SET machine_id = t.machine, state = 'Preparing', reason = t.reason,
+             released = t.released, cpu_charged = t.cpu, memory_charged = t.mem, gpus_charged = t.gpus
+         FROM unnest($1::uuid[], $2::uuid[], $3::bigint[], $4::bigint[], $5::bigint[], $6::bool[], $7::text[])
+             AS t(id, machine, cpu, mem, gpus, released, reason)
+         WHERE w.id = t.id AND w.state = 'Pending' AND t.machine = ANY($8)
+         RETURNING w.id",
+    )
+    .bind(&workers)
+    .bind(&machines)
+    .bind(&cpu)
+    .bind(&memory)
+    .bind(&gpus)
+    .bind(&released)
+    .bind(&reasons)
+    .bind(&taken)
+    .fetch_all(&mut *tx)
+    .await
 }
 
 /// Sets the reason of a worker that is still Pending (why it is not placed yet).

@@ -112,6 +112,7 @@ impl Server {
         http: &reqwest::Client,
     ) -> anyhow::Result<Server> {
         let log = state.join("server.log");
+        let _ = std::fs::remove_file(&log); // this run's log only
         let args = ["--heartbeat-grace-seconds", "3600"].map(String::from);
         Server::start_on(exe, free_port()?, url, key, &log, &args, http).await
     }

@@ -25,7 +25,7 @@ use crate::store::{
 use snapshot::{CopyState, CopyView, DriveNeed, MachineView, Request};
 
 /// Workers claimed per transaction.
-const BATCH: i64 = 256;
+const BATCH: i64 = 1024;
 /// The safety net when no notification arrives.
 const RESYNC: Duration = Duration::from_secs(5);
 

@@ -170,7 +170,7 @@ async fn heartbeat(
         let released = store::workers::release_ready(&mut *tx, caller.id).await?;
         if !released.is_empty() {
             let drives: Vec<Uuid> = copies.completed.iter().map(|(d, _)| *d).collect();
-            store::copies::touch_used(&mut *tx, caller.id, &drives).await?;
+            store::copies::touch_used_pairs(&mut *tx, &vec![caller.id; drives.len()], &drives).await?;
             store::machines::touch_assignments(&mut *tx, &[caller.id]).await?;
         }
         hub::request_schedule(&mut *tx).await?;

@@ -87,16 +87,6 @@ pub async fn set_state(db: impl PgExecutor<'_>, drive: Uuid, machine: Uuid, stat
     .map(drop)
 }
 
-/// Records that workers started on these copies.
-pub async fn touch_used(db: impl PgExecutor<'_>, machine: Uuid, drives: &[Uuid]) -> sqlx::Result<()> {
-    sqlx::query("UPDATE copies SET last_used_at = now() WHERE machine_id = $1 AND drive_id = ANY($2)")
-        .bind(machine)
-        .bind(drives)
-        .execute(db)
-        .await
-        .map(drop)
-}
-
 /// Marks the copies of these (machine, drive) pairs as just used, in one statement.
 pub async fn touch_used_pairs(
     db: impl PgExecutor<'_>,

@@ -39,23 +39,7 @@ pub struct New<'a> {
 
 /// Records the event, or counts it again when the same one was recorded before.
 pub async fn record(db: impl PgExecutor<'_>, e: &New<'_>) -> sqlx::Result<()> {
-    sqlx::query(
-        "INSERT INTO events (workspace_id, object_kind, object_name, type, reason, message, source)
-         VALUES ($1, $2, $3, $4, $5, $6, $7)
-         ON CONFLICT (COALESCE(workspace_id, '00000000-0000-0000-0000-000000000000'::uuid),
-                      object_kind, object_name, reason, message)
-         DO UPDATE SET count = events.count + 1, last_at = now(), source = EXCLUDED.source",
-    )
-    .bind(e.workspace)
-    .bind(e.object_kind)
-    .bind(e.object_name)
-    .bind(if e.warning { "Warning" } else { "Normal" })
-    .bind(e.reason)
-    .bind(e.message)
-    .bind(e.source)
-    .execute(db)
-    .await
-    .map(drop)
+    record_all(db, std::slice::from_ref(e)).await
 }
 
 /// Records many events in one statement (each counted again when recorded before). No two may

@@ -20,13 +20,22 @@ use rustix::process::Signal;
 use serde_json::{Value, json};
 use uuid::Uuid;
 
-/// Creates `bodies` at `path` through the cluster's users, `parallel` at a time; the names made.
-async fn create_all(c: &Cluster, path: &str, bodies: Vec<Value>, parallel: usize) -> Vec<String> {
-    let users = c.users.clone();
-    futures::stream::iter(bodies)
-        .map(|b| {
+/// Creates `bodies` at `path` through `users`, `parallel` at a time, spread evenly over `over`
+/// (at once when zero); the names made.
+async fn create_all(
+    users: Arc<harness::Users>,
+    path: &'static str,
+    bodies: Vec<Value>,
+    parallel: usize,
+    over: Duration,
+) -> Vec<String> {
+    let gap = over / bodies.len().max(1) as u32;
+    let t0 = tokio::time::Instant::now();
+    futures::stream::iter(bodies.into_iter().enumerate())
+        .map(|(i, b)| {
             let users = users.clone();
             async move {
+                tokio::time::sleep_until(t0 + gap * i as u32).await;
                 users.create(path, &b).await.unwrap_or_else(|e| panic!("{e:#}"));
                 b["metadata"]["name"].as_str().unwrap().to_owned()
             }
@@ -68,7 +77,7 @@ async fn replicas_make_exactly_one_fill_per_copy() {
     let (drives, machines) = (size(20, 200), size(10, 50));
     let c = Cluster::start("one_fill_per_copy", 3, machines, drives as u32 + 8).await.expect("cluster");
     let bodies = (0..drives).map(|d| drive_body(&drive_name(d))).collect();
-    create_all(&c, "/drives", bodies, 8).await;
+    create_all(c.users.clone(), "/drives", bodies, 8, Duration::ZERO).await;
     // A seed run per drive and machine, pinned there: each needs that copy filled.
     let mut bodies = Vec::new();
     for d in 0..drives {
@@ -77,7 +86,7 @@ async fn replicas_make_exactly_one_fill_per_copy() {
             bodies.push(run_body(&name, 1, &[drive_name(d)], Some(&m.name)));
         }
     }
-    let submitted = create_all(&c, "/runs", bodies, 16).await;
+    let submitted = create_all(c.users.clone(), "/runs", bodies, 16, Duration::ZERO).await;
     let took = c.settle(Duration::from_secs(size(300, 1800))).await.expect("every seed placed and started");
     let fills: i64 = sqlx::query_scalar("SELECT count(*) FROM runs WHERE fill_drive_id IS NOT NULL")
         .fetch_one(&c.db)
@@ -98,28 +107,19 @@ async fn kill_9_replicas_while_placing() {
     let window = Duration::from_secs(size(15, 60));
     let cores = (2 * workers / machines) as u32 + 8;
     let mut c = Cluster::start("kill_9_replicas", 3, machines, cores).await.expect("cluster");
-    create_all(&c, "/drives", (0..drives).map(|d| drive_body(&drive_name(d))).collect(), 4).await;
+    create_all(
+        c.users.clone(),
+        "/drives",
+        (0..drives).map(|d| drive_body(&drive_name(d))).collect(),
+        4,
+        Duration::ZERO,
+    )
+    .await;
     let bodies: Vec<Value> = (0..workers / 10)
         .map(|i| run_body(&format!("job-{i:05}"), 10, &[drive_name(i % drives)], None))
         .collect();
     // Runs arrive throughout the kills, so that every kill lands while workers are placed.
-    let gap = window / bodies.len() as u32;
-    let users = c.users.clone();
-    let submit = tokio::spawn(async move {
-        let t0 = tokio::time::Instant::now();
-        futures::stream::iter(bodies.into_iter().enumerate())
-            .map(|(i, b)| {
-                let users = users.clone();
-                async move {
-                    tokio::time::sleep_until(t0 + gap * i as u32).await;
-                    users.create("/runs", &b).await.unwrap_or_else(|e| panic!("{e:#}"));
-                    b["metadata"]["name"].as_str().unwrap().to_owned()
-                }
-            })
-            .buffer_unordered(64)
-            .collect::<Vec<String>>()
-            .await
-    });
+    let submit = tokio::spawn(create_all(c.users.clone(), "/runs", bodies, 64, window));
     let mut kills = 0;
     let until = Instant::now() + window;
     while Instant::now() < until {
@@ -147,19 +147,18 @@ async fn a_paused_replica_is_fenced() {
     let c = Cluster::start("paused_replica", 2, machines, (2 * workers / machines) as u32 + 8)
         .await
         .expect("cluster");
-    create_all(&c, "/drives", (0..drives).map(|d| drive_body(&drive_name(d))).collect(), 4).await;
+    create_all(
+        c.users.clone(),
+        "/drives",
+        (0..drives).map(|d| drive_body(&drive_name(d))).collect(),
+        4,
+        Duration::ZERO,
+    )
+    .await;
     let bodies: Vec<Value> = (0..workers / 10)
         .map(|i| run_body(&format!("job-{i:05}"), 10, &[drive_name(i % drives)], None))
         .collect();
-    let users = c.users.clone();
-    let submit = tokio::spawn(async move {
-        let mut made = Vec::new();
-        for b in bodies {
-            users.create("/runs", &b).await.unwrap_or_else(|e| panic!("{e:#}"));
-            made.push(b["metadata"]["name"].as_str().unwrap().to_owned());
-        }
-        made
-    });
+    let submit = tokio::spawn(create_all(c.users.clone(), "/runs", bodies, 1, Duration::ZERO));
 
     // Stop replica 0 when it is inside a transaction (it holds locks).
     let paused = c.replica(0);
@@ -269,7 +268,14 @@ async fn a_paused_replica_is_fenced() {
 async fn database_faults() {
     let started = Instant::now();
     let c = Cluster::start("database_faults", 2, 6, 64).await.expect("cluster");
-    create_all(&c, "/drives", (0..4).map(|d| drive_body(&drive_name(d))).collect(), 4).await;
+    create_all(
+        c.users.clone(),
+        "/drives",
+        (0..4).map(|d| drive_body(&drive_name(d))).collect(),
+        4,
+        Duration::ZERO,
+    )
+    .await;
     let stop = Arc::new(AtomicBool::new(false));
     let answers = Arc::new(std::sync::Mutex::new(HashMap::<String, u64>::new()));
     let violations = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
@@ -521,24 +527,27 @@ async fn a_heartbeat_of_100000_copies_is_answered_in_bounded_time_and_memory() {
         .await
         .unwrap();
     let auth = format!("Bearer {}", joined["credential"].as_str().unwrap());
+    // One heartbeat reporting `copies` complete copies of drives nobody made; its status and answer.
     let beat = |copies: usize| {
         let copies: Vec<Value> = (0..copies)
             .map(|i| json!({"drive": format!("default.dataset-{i:06}"), "bytes": 1, "complete": true}))
             .collect();
-        json!({"data_location": {"total_bytes": 1u64 << 40, "used_bytes": 0, "free_bytes": 1u64 << 40}, "copies": copies})
+        let body = json!({"data_location": {"total_bytes": 1u64 << 40, "used_bytes": 0, "free_bytes": 1u64 << 40}, "copies": copies});
+        let sent = c
+            .http
+            .post(format!("{base}/agent/v1/heartbeat"))
+            .header("authorization", &auth)
+            .json(&body)
+            .send();
+        async move {
+            let r = sent.await.unwrap();
+            (r.status(), r.json::<Value>().await.unwrap())
+        }
     };
     let rss_before = c.replica(0).rss_mib();
     let sent = Instant::now();
-    let r = c
-        .http
-        .post(format!("{base}/agent/v1/heartbeat"))
-        .header("authorization", &auth)
-        .json(&beat(100_000))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), StatusCode::OK);
-    let answer: Value = r.json().await.unwrap();
+    let (status, answer) = beat(100_000).await;
+    assert_eq!(status, StatusCode::OK);
     let took = sent.elapsed();
     assert_eq!(
         answer["delete_copies"].as_array().unwrap().len(),
@@ -548,16 +557,8 @@ async fn a_heartbeat_of_100000_copies_is_answered_in_bounded_time_and_memory() {
     let peak_growth = c.replica(0).peak_rss_mib() - rss_before;
     assert!(peak_growth < 512.0, "the server grew by {peak_growth:.0} MiB for one heartbeat");
 
-    let r = c
-        .http
-        .post(format!("{base}/agent/v1/heartbeat"))
-        .header("authorization", &auth)
-        .json(&beat(100_001))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), StatusCode::UNPROCESSABLE_ENTITY);
-    let refused: Value = r.json().await.unwrap();
+    let (status, refused) = beat(100_001).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
     assert_eq!(refused["error"]["fields"][0]["path"], "copies", "{refused}");
     let figures = json!({"copies": 100_000, "answered_after_ms": took.as_millis(),
         "server_peak_rss_growth_mib": peak_growth.round(), "copies_100001": 422});

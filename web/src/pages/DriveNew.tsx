@@ -2,6 +2,7 @@ import { useEffect, useState } from 'preact/hooks';
 import { type Drive, type DriveInput, get, type List, type Machine, type Named, post } from '../api';
 import { KIND_LABELS, type Kind } from '../drives';
 import { usePoll, useTitle } from '../hooks';
+import { JsonField, useJsonEditing } from '../jsonEdit';
 import { Link, navigate } from '../router';
 import { described, Field, FieldMessages, FormError, OtherFieldErrors, setFlash } from '../ui';
 import { ClusterSelect, keyValues, parseKeyValues } from './common';
@@ -170,10 +171,7 @@ const SHOWN = Object.values(PATHS).flat();
 export function DriveNew() {
   useTitle('New drive');
   const [cluster, setCluster] = useState('');
-  const [asJson, setAsJson] = useState(false);
   const [form, setForm] = useState<Form>(EMPTY);
-  const [json, setJson] = useState('');
-  const [jsonProblem, setJsonProblem] = useState<string>();
   const [local, setLocal] = useState<Local>({});
   const [error, setError] = useState<unknown>();
   const [busy, setBusy] = useState(false);
@@ -187,50 +185,24 @@ export function DriveNew() {
 
   const set = <K extends keyof Form>(key: K, value: Form[K]) => setForm((f) => ({ ...f, [key]: value }));
 
-  const toJson = () => {
-    setJson(JSON.stringify(toInput(form, cluster), null, 2));
-    setJsonProblem(undefined);
-    setAsJson(true);
-  };
-  const toForm = () => {
-    let parsed: unknown;
-    try {
-      parsed = JSON.parse(json);
-    } catch (e) {
-      setJsonProblem(`This is not JSON (${(e as Error).message}): fix it, or clear it, to go back to the form.`);
-      return;
-    }
-    const { form: f, cluster: c, why } = fromInput(parsed);
-    if (!f) {
-      setJsonProblem(`The form cannot show this drive: ${why}. Keep editing it as JSON.`);
-      return;
-    }
-    setForm(f);
-    if (c) setCluster(c);
-    setJsonProblem(undefined);
-    setAsJson(false);
-  };
+  const edit = useJsonEditing({
+    kind: 'drive',
+    example: 'drive.json',
+    toInput: () => toInput(form, cluster),
+    fromInput,
+    setForm,
+    cluster,
+    setCluster,
+  });
 
   const submit = async (e: Event) => {
     e.preventDefault();
     setError(undefined);
     let input: DriveInput;
-    if (asJson) {
-      try {
-        input = JSON.parse(json);
-      } catch (err) {
-        setJsonProblem(`This is not JSON: ${(err as Error).message}`);
-        return;
-      }
-      if (!input || typeof input !== 'object' || Array.isArray(input)) {
-        setJsonProblem('Give a JSON object with metadata and spec, like drive.json.');
-        return;
-      }
-      setJsonProblem(undefined);
-      // drive.json names no cluster: the one chosen above applies.
-      if (input.spec && typeof input.spec === 'object' && input.spec.cluster === undefined && cluster) {
-        input = { ...input, spec: { ...input.spec, cluster } };
-      }
+    if (edit.asJson) {
+      const parsed = edit.input();
+      if (!parsed) return;
+      input = parsed;
     } else {
       const problems: Local = {};
       input = toInput(form, cluster, problems);
@@ -276,21 +248,21 @@ export function DriveNew() {
           hint="The cluster whose machines hold the drive."
         />
         <div class="mode-switch">
-          {asJson ? (
-            <button type="button" onClick={toForm}>
+          {edit.asJson ? (
+            <button type="button" onClick={edit.toForm}>
               Edit as form
             </button>
           ) : (
-            <button type="button" onClick={toJson}>
+            <button type="button" onClick={edit.toJson}>
               Edit as JSON
             </button>
           )}
         </div>
         <FormError error={error} action="The drive was not created" />
 
-        {asJson ? (
+        {edit.asJson ? (
           <>
-            <Field
+            <JsonField
               id="drive-json"
               label="Drive as JSON"
               hint={
@@ -299,17 +271,10 @@ export function DriveNew() {
                   <code>spec.cluster</code>, the cluster chosen above applies.
                 </>
               }
-              messages={jsonProblem ? [jsonProblem] : []}
-            >
-              <textarea
-                {...described('drive-json', undefined, [], true, jsonProblem ? [jsonProblem] : [])}
-                class="code"
-                rows={24}
-                spellcheck={false}
-                value={json}
-                onInput={(e) => setJson(e.currentTarget.value)}
-              />
-            </Field>
+              problem={edit.problem}
+              value={edit.json}
+              onInput={edit.setJson}
+            />
             <OtherFieldErrors error={error} shown={[]} />
           </>
         ) : (

@@ -1,6 +1,7 @@
 import { useEffect, useState } from 'preact/hooks';
 import { get, type List, type Named, post, type Run, type RunInput } from '../api';
 import { usePoll, useTitle } from '../hooks';
+import { JsonField, useJsonEditing } from '../jsonEdit';
 import { Link, navigate } from '../router';
 import { described, Field, FieldMessages, FormError, OtherFieldErrors, setFlash } from '../ui';
 import { ClusterSelect, keyValues, parseKeyValues } from './common';
@@ -196,10 +197,7 @@ const SHOWN = Object.values(PATHS).flat();
 export function RunNew() {
   useTitle('New run');
   const [cluster, setCluster] = useState('');
-  const [asJson, setAsJson] = useState(false);
   const [form, setForm] = useState<Form>(EMPTY);
-  const [json, setJson] = useState('');
-  const [jsonProblem, setJsonProblem] = useState<string>();
   const [local, setLocal] = useState<Local>({});
   const [error, setError] = useState<unknown>();
   const [busy, setBusy] = useState(false);
@@ -212,49 +210,24 @@ export function RunNew() {
 
   const set = <K extends keyof Form>(key: K, value: Form[K]) => setForm((f) => ({ ...f, [key]: value }));
 
-  const toJson = () => {
-    setJson(JSON.stringify(toInput(form, cluster), null, 2));
-    setJsonProblem(undefined);
-    setAsJson(true);
-  };
-  const toForm = () => {
-    let parsed: unknown;
-    try {
-      parsed = JSON.parse(json);
-    } catch (e) {
-      setJsonProblem(`This is not JSON (${(e as Error).message}): fix it to go back to the form.`);
-      return;
-    }
-    const { form: f, cluster: c, why } = fromInput(parsed);
-    if (!f) {
-      setJsonProblem(`The form cannot show this run: ${why}. Keep editing it as JSON.`);
-      return;
-    }
-    setForm(f);
-    if (c) setCluster(c);
-    setJsonProblem(undefined);
-    setAsJson(false);
-  };
+  const edit = useJsonEditing({
+    kind: 'run',
+    example: 'inspect.json',
+    toInput: () => toInput(form, cluster),
+    fromInput,
+    setForm,
+    cluster,
+    setCluster,
+  });
 
   const submit = async (e: Event) => {
     e.preventDefault();
     setError(undefined);
     let input: RunInput;
-    if (asJson) {
-      try {
-        input = JSON.parse(json);
-      } catch (err) {
-        setJsonProblem(`This is not JSON: ${(err as Error).message}`);
-        return;
-      }
-      if (!input || typeof input !== 'object' || Array.isArray(input)) {
-        setJsonProblem('Give a JSON object with metadata and spec, like inspect.json.');
-        return;
-      }
-      setJsonProblem(undefined);
-      if (input.spec && typeof input.spec === 'object' && input.spec.cluster === undefined && cluster) {
-        input = { ...input, spec: { ...input.spec, cluster } };
-      }
+    if (edit.asJson) {
+      const parsed = edit.input();
+      if (!parsed) return;
+      input = parsed;
     } else {
       const problems: Local = {};
       input = toInput(form, cluster, problems);
@@ -297,20 +270,20 @@ export function RunNew() {
           paths={PATHS.cluster}
         />
         <div class="mode-switch">
-          {asJson ? (
-            <button type="button" onClick={toForm}>
+          {edit.asJson ? (
+            <button type="button" onClick={edit.toForm}>
               Edit as form
             </button>
           ) : (
-            <button type="button" onClick={toJson}>
+            <button type="button" onClick={edit.toJson}>
               Edit as JSON
             </button>
           )}
         </div>
         <FormError error={error} action="The run was not started" />
-        {asJson ? (
+        {edit.asJson ? (
           <>
-            <Field
+            <JsonField
               id="run-json"
               label="Run as JSON"
               hint={
@@ -318,17 +291,10 @@ export function RunNew() {
                   The body of <code>POST /api/v1/runs</code>, e.g. the recipe's inspect.json.
                 </>
               }
-              messages={jsonProblem ? [jsonProblem] : []}
-            >
-              <textarea
-                {...described('run-json', undefined, [], true, jsonProblem ? [jsonProblem] : [])}
-                class="code"
-                rows={24}
-                spellcheck={false}
-                value={json}
-                onInput={(e) => setJson(e.currentTarget.value)}
-              />
-            </Field>
+              problem={edit.problem}
+              value={edit.json}
+              onInput={edit.setJson}
+            />
             <OtherFieldErrors error={error} shown={[]} />
           </>
         ) : (

@@ -141,6 +141,13 @@ impl Fleet {
         (format!("{}/agent/v1/{path}", servers[via % servers.len()]), via)
     }
 
+    /// A POST of the agent API as machine `m`, to the server it talks to now (which, for
+    /// [`Self::fail_over`]).
+    fn post(&self, m: &Machine, path: &str) -> (reqwest::RequestBuilder, usize) {
+        let (url, via) = self.url(m, path);
+        (self.http.post(url).timeout(REQUEST_TIMEOUT).header("authorization", &m.auth), via)
+    }
+
     /// After a request to server `via` failed: the next server, unless another of the machine's
     /// loops has moved on already.
     fn fail_over(m: &Machine, via: usize) {
@@ -248,15 +255,8 @@ impl Fleet {
     pub async fn beat(&self, m: &Machine) -> bool {
         let _one_at_a_time = m.beating.lock().await;
         let body = Self::heartbeat_body(m);
-        let (url, via) = self.url(m, "heartbeat");
-        let sent = self
-            .http
-            .post(url)
-            .timeout(REQUEST_TIMEOUT)
-            .header("authorization", &m.auth)
-            .json(&body)
-            .send()
-            .await;
+        let (request, via) = self.post(m, "heartbeat");
+        let sent = request.json(&body).send().await;
         let Ok(r) = sent else {
             Self::fail_over(m, via);
             return false;
@@ -390,15 +390,8 @@ impl Fleet {
             let body = json!({ "state": state, "exit_code": exit });
             let mut tries = 0;
             loop {
-                let (url, via) = self.url(m, &format!("workers/{worker}/status"));
-                let r = self
-                    .http
-                    .post(url)
-                    .timeout(REQUEST_TIMEOUT)
-                    .header("authorization", &m.auth)
-                    .json(&body)
-                    .send()
-                    .await;
+                let (request, via) = self.post(m, &format!("workers/{worker}/status"));
+                let r = request.json(&body).send().await;
                 let retry = match r {
                     Ok(r) if r.status().is_success() => {
                         let _ = r.bytes().await;

@@ -49,6 +49,24 @@ fn drive_name(i: usize) -> String {
     format!("d-{i:03}")
 }
 
+/// Drives `d-000` … of `n`, each filled where it is needed.
+async fn create_drives(c: &Cluster, n: usize) {
+    create_all(
+        c.users.clone(),
+        "/drives",
+        (0..n).map(|d| drive_body(&drive_name(d))).collect(),
+        4,
+        Duration::ZERO,
+    )
+    .await;
+}
+
+/// Runs `job-00000` … of 10 workers each, `workers` in all, mounting the `drives` in turn; the
+/// simulated machines leave them running.
+fn jobs(workers: usize, drives: usize) -> Vec<Value> {
+    (0..workers / 10).map(|i| run_body(&format!("job-{i:05}"), 10, &[drive_name(i % drives)], None)).collect()
+}
+
 /// Checks the invariants, fails on any violation, and writes the test's figures.
 async fn finish(c: &Cluster, submitted: &[String], faults: u64, started: Instant, mut figures: Value) {
     let verdict = invariants::check(&c.db, &c.fleet, submitted).await.expect("the checks ran");
@@ -76,8 +94,7 @@ async fn replicas_make_exactly_one_fill_per_copy() {
     let started = Instant::now();
     let (drives, machines) = (size(20, 200), size(10, 50));
     let c = Cluster::start("one_fill_per_copy", 3, machines, drives as u32 + 8).await.expect("cluster");
-    let bodies = (0..drives).map(|d| drive_body(&drive_name(d))).collect();
-    create_all(c.users.clone(), "/drives", bodies, 8, Duration::ZERO).await;
+    create_drives(&c, drives).await;
     // A seed run per drive and machine, pinned there: each needs that copy filled.
     let mut bodies = Vec::new();
     for d in 0..drives {
@@ -107,17 +124,8 @@ async fn kill_9_replicas_while_placing() {
     let window = Duration::from_secs(size(15, 60));
     let cores = (2 * workers / machines) as u32 + 8;
     let mut c = Cluster::start("kill_9_replicas", 3, machines, cores).await.expect("cluster");
-    create_all(
-        c.users.clone(),
-        "/drives",
-        (0..drives).map(|d| drive_body(&drive_name(d))).collect(),
-        4,
-        Duration::ZERO,
-    )
-    .await;
-    let bodies: Vec<Value> = (0..workers / 10)
-        .map(|i| run_body(&format!("job-{i:05}"), 10, &[drive_name(i % drives)], None))
-        .collect();
+    create_drives(&c, drives).await;
+    let bodies = jobs(workers, drives);
     // Runs arrive throughout the kills, so that every kill lands while workers are placed.
     let submit = tokio::spawn(create_all(c.users.clone(), "/runs", bodies, 64, window));
     let mut kills = 0;
@@ -147,17 +155,8 @@ async fn a_paused_replica_is_fenced() {
     let c = Cluster::start("paused_replica", 2, machines, (2 * workers / machines) as u32 + 8)
         .await
         .expect("cluster");
-    create_all(
-        c.users.clone(),
-        "/drives",
-        (0..drives).map(|d| drive_body(&drive_name(d))).collect(),
-        4,
-        Duration::ZERO,
-    )
-    .await;
-    let bodies: Vec<Value> = (0..workers / 10)
-        .map(|i| run_body(&format!("job-{i:05}"), 10, &[drive_name(i % drives)], None))
-        .collect();
+    create_drives(&c, drives).await;
+    let bodies = jobs(workers, drives);
     let submit = tokio::spawn(create_all(c.users.clone(), "/runs", bodies, 1, Duration::ZERO));
 
     // Stop replica 0 when it is inside a transaction (it holds locks).
@@ -268,14 +267,7 @@ async fn a_paused_replica_is_fenced() {
 async fn database_faults() {
     let started = Instant::now();
     let c = Cluster::start("database_faults", 2, 6, 64).await.expect("cluster");
-    create_all(
-        c.users.clone(),
-        "/drives",
-        (0..4).map(|d| drive_body(&drive_name(d))).collect(),
-        4,
-        Duration::ZERO,
-    )
-    .await;
+    create_drives(&c, 4).await;
     let stop = Arc::new(AtomicBool::new(false));
     let answers = Arc::new(std::sync::Mutex::new(HashMap::<String, u64>::new()));
     let violations = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));

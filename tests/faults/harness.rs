@@ -2,6 +2,7 @@
 //! `astraeus serve` replicas on it as child processes, and simulated machines (agent-API
 //! clients) spread over the replicas, failing over when one stops answering.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -17,6 +18,7 @@ use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
+use uuid::Uuid;
 
 /// Sizes: `ASTRAEUS_FAULTS=long` runs the full sizes; the default is a quick form.
 pub fn long() -> bool {
@@ -145,6 +147,16 @@ impl Cluster {
             }
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
+    }
+
+    /// Each bound worker's machine.
+    pub async fn placements(&self) -> HashMap<Uuid, Uuid> {
+        sqlx::query_as("SELECT id, machine_id FROM workers WHERE machine_id IS NOT NULL")
+            .fetch_all(&self.db)
+            .await
+            .expect("placements read")
+            .into_iter()
+            .collect()
     }
 
     /// The backends of replica `i` that are inside a transaction.

@@ -18,7 +18,6 @@ use harness::{Cluster, long, size};
 use reqwest::{Method, StatusCode};
 use rustix::process::Signal;
 use serde_json::{Value, json};
-use uuid::Uuid;
 
 /// Creates `bodies` at `path` through `users`, `parallel` at a time, spread evenly over `over`
 /// (at once when zero); the names made.
@@ -224,13 +223,7 @@ async fn a_paused_replica_is_fenced() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
 
-    let before: HashMap<Uuid, Uuid> =
-        sqlx::query_as("SELECT id, machine_id FROM workers WHERE machine_id IS NOT NULL")
-            .fetch_all(&c.db)
-            .await
-            .unwrap()
-            .into_iter()
-            .collect();
+    let before = c.placements().await;
     paused.signal(Signal::CONT);
     let resumed = Instant::now();
     loop {
@@ -244,13 +237,7 @@ async fn a_paused_replica_is_fenced() {
     let mut submitted = submit.await.expect("every run submitted");
     submitted.push("seed-after-pause".into());
     c.settle(Duration::from_secs(size(300, 1800))).await.expect("every worker placed");
-    let after: HashMap<Uuid, Uuid> =
-        sqlx::query_as("SELECT id, machine_id FROM workers WHERE machine_id IS NOT NULL")
-            .fetch_all(&c.db)
-            .await
-            .unwrap()
-            .into_iter()
-            .collect();
+    let after = c.placements().await;
     let moved: Vec<_> = before.iter().filter(|(w, m)| after.get(w).is_some_and(|now| now != *m)).collect();
     assert!(moved.is_empty(), "placements changed after the paused replica resumed: {moved:?}");
     let figures = json!({"replicas": 2, "workers": workers, "open_transactions_when_paused": held,

@@ -19,6 +19,8 @@ pub const SCHEDULE: &str = "astraeus_schedule";
 pub const CHANGE: &str = "astraeus_change";
 /// A credential was revoked or replaced: the payload is the token's or the machine's id.
 pub const REVOKED: &str = "astraeus_revoked";
+/// The server changed its side of a machine's heartbeat (by trigger): the payload is the machine's id.
+pub const REPORT: &str = "astraeus_report";
 
 #[derive(Default)]
 pub struct Hub {
@@ -29,6 +31,8 @@ pub struct Hub {
     pub changes: Notify,
     /// Credentials checked lately, forgotten when revoked on any replica.
     pub credentials: crate::auth::recent::Recent,
+    /// Heartbeats that changed nothing, forgotten when the server changes its side.
+    pub beats: crate::beats::Beats,
 }
 
 impl Hub {
@@ -58,6 +62,11 @@ impl Hub {
         let Ok(id) = payload.parse::<Uuid>() else { return };
         if channel == REVOKED {
             self.credentials.forget(id);
+            self.beats.forget(id);
+            return;
+        }
+        if channel == REPORT {
+            self.beats.forget(id);
             return;
         }
         let channel = match channel {
@@ -81,6 +90,7 @@ impl Hub {
                     tracing::warn!(error = %e, "notification listener lost its connection; retrying");
                     // Something may have changed while we were not listening.
                     self.schedule.notify_one();
+                    self.beats.forget_all();
                     tokio::time::sleep(Duration::from_secs(1)).await;
                 }
             }
@@ -89,7 +99,7 @@ impl Hub {
 
     async fn listen_once(&self, db: &PgPool) -> sqlx::Result<()> {
         let mut listener = PgListener::connect_with(db).await?;
-        listener.listen_all([MACHINE, WORKER, SCHEDULE, CHANGE, REVOKED]).await?;
+        listener.listen_all([MACHINE, WORKER, SCHEDULE, CHANGE, REVOKED, REPORT]).await?;
         loop {
             let n = listener.recv().await?;
             self.wake(n.channel(), n.payload());

@@ -8,6 +8,8 @@ pub mod agent;
 pub mod api;
 /// Signing keys, bearer tokens and sealed secrets.
 pub mod auth;
+/// Heartbeats that change nothing, answered from memory and written in batches.
+pub mod beats;
 /// `astraeus bench`: starts a server and measures it through its own APIs, with simulated machines.
 pub mod bench;
 /// `astra`, the command-line client of the REST API: one file per command group.

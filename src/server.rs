@@ -63,7 +63,10 @@ pub fn start_loops(app: &AppState, c: &ControllerArgs, stop: &CancellationToken)
     let refill_after = Duration::from_secs(c.refill_after_seconds);
     set.spawn(scheduler::run(app.db.clone(), app.hub.clone(), refill_after, stop.clone()));
     set.spawn(janitor::run(app.db.clone(), app.limiter.clone(), stop.clone()));
-    set.spawn(liveness::run(app.db.clone(), Duration::from_secs(c.heartbeat_grace_seconds), stop.clone()));
+    let grace = Duration::from_secs(c.heartbeat_grace_seconds);
+    set.spawn(liveness::run(app.db.clone(), grace, stop.clone()));
+    let (hub, db, beats_stop) = (app.hub.clone(), app.db.clone(), stop.clone());
+    set.spawn(async move { hub.beats.run(db, crate::beats::flush_every(grace), beats_stop).await });
     set
 }
 

@@ -2,7 +2,7 @@
 //! for their workers, report worker states and upload logs. A machine credential opens these
 //! routes only, and only for its own machine.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use axum::extract::{DefaultBodyLimit, FromRequestParts, State};
@@ -18,6 +18,7 @@ use super::error::ApiError;
 use super::extract::{Body, Params, Path};
 use crate::auth::machine::{self, verify_credential};
 use crate::auth::seal;
+use crate::beats;
 use crate::domain::Problems;
 use crate::domain::drive::{Location, full_name};
 use crate::domain::quantity::human_bytes;
@@ -146,13 +147,25 @@ async fn heartbeat(
         used_bytes: clamp(req.data_location.used_bytes),
         free_bytes: clamp(req.data_location.free_bytes),
     };
+    metrics::counter!("astraeus_heartbeats_total").increment(1);
+    let digest = beats::digest(&req.copies);
+    if let Some(known) = app.hub.beats.known(caller.id, digest) {
+        app.hub.beats.record(caller.id, &usage);
+        return Ok(Json(HeartbeatResponse {
+            data_location: known.data_location,
+            data_limit_bytes: known.data_limit_bytes,
+            delete_copies: vec![],
+        }));
+    }
     let folders: Vec<String> = req.copies.iter().map(|c| c.drive.clone()).collect();
     let bytes: Vec<i64> = req.copies.iter().map(|c| clamp(c.bytes)).collect();
     let complete: Vec<bool> = req.copies.iter().map(|c| c.complete).collect();
-    metrics::counter!("astraeus_heartbeats_total").increment(1);
+    let generation = app.hub.beats.generation(caller.id);
     let same =
         store::machines::beat_if_unchanged(&app.db, caller.id, &usage, &folders, &bytes, &complete).await?;
     if let Some((data_location, data_limit_bytes)) = same {
+        let known = beats::Known { data_location: data_location.clone(), data_limit_bytes };
+        app.hub.beats.remember(caller.id, generation, digest, known);
         return Ok(Json(HeartbeatResponse { data_location, data_limit_bytes, delete_copies: vec![] }));
     }
     // Rows are locked in one order everywhere, copies, then workers, then machines, so that
@@ -218,22 +231,63 @@ async fn assignments(
         version = store::machines::assign_version(&app.db, caller.id).await?;
     }
     let rows = store::workers::assigned_to(&app.db, caller.id).await?;
-    let mut workers = Vec::with_capacity(rows.len());
-    for row in rows {
-        workers.push(assignment(&app, row).await?);
-    }
+    let refs = Referenced::read(&app, &rows).await?;
+    let workers = rows.into_iter().map(|row| assignment(&app, &refs, row)).collect::<Result<_, _>>()?;
     // Read after the workers: a worker placed there was placed after its location was confirmed.
     let data_location = store::machines::get(&app.db, caller.id).await?.and_then(|m| m.data_path);
     Ok(Json(Assignments { version, workers, data_location }))
 }
 
+/// The drives and sealed secrets the assigned workers name, each read once for the whole answer.
+struct Referenced {
+    drives: HashMap<(Uuid, String), store::drives::DriveRecord>,
+    secrets: HashMap<(Uuid, String), Vec<u8>>,
+}
+
+impl Referenced {
+    async fn read(app: &AppState, rows: &[AssignmentRow]) -> Result<Referenced, ApiError> {
+        let mut drives: (Vec<Uuid>, Vec<String>) = Default::default();
+        let mut secrets: (Vec<Uuid>, Vec<String>) = Default::default();
+        for row in rows {
+            let task = &row.spec.0.task_template;
+            for r in &task.datavolume_refs {
+                drives.0.push(row.workspace_id);
+                drives.1.push(r.name.to_string());
+            }
+            for s in &task.secret_refs {
+                secrets.0.push(row.workspace_id);
+                secrets.1.push(s.name.to_string());
+            }
+        }
+        let drives = if drives.0.is_empty() {
+            HashMap::new()
+        } else {
+            store::drives::get_many(&app.db, &drives.0, &drives.1)
+                .await?
+                .into_iter()
+                .map(|d| ((d.workspace_id, d.name.clone()), d))
+                .collect()
+        };
+        let secrets = if secrets.0.is_empty() {
+            HashMap::new()
+        } else {
+            store::secrets::sealed_many(&app.db, &secrets.0, &secrets.1)
+                .await?
+                .into_iter()
+                .map(|(ws, name, sealed)| ((ws, name), sealed))
+                .collect()
+        };
+        Ok(Referenced { drives, secrets })
+    }
+}
+
 /// Turns a worker row into what the agent runs: mounts resolved, secrets opened.
-async fn assignment(app: &AppState, row: AssignmentRow) -> Result<Assignment, ApiError> {
+fn assignment(app: &AppState, refs: &Referenced, row: AssignmentRow) -> Result<Assignment, ApiError> {
     let task = &row.spec.0.task_template;
     let mut env = task.env.clone();
     for s in &task.secret_refs {
-        if let Some(sealed) = store::secrets::sealed(&app.db, row.workspace_id, s.name.as_str()).await? {
-            let plain = seal::open(&app.keys, &sealed).ok_or_else(|| {
+        if let Some(sealed) = refs.secrets.get(&(row.workspace_id, s.name.to_string())) {
+            let plain = seal::open(&app.keys, sealed).ok_or_else(|| {
                 anyhow::anyhow!("secret {} cannot be opened with this server's key", s.name)
             })?;
             let values: BTreeMap<String, String> =
@@ -254,7 +308,7 @@ async fn assignment(app: &AppState, row: AssignmentRow) -> Result<Assignment, Ap
         });
     }
     for r in &task.datavolume_refs {
-        let Some(drive) = store::drives::get(&app.db, row.workspace_id, r.name.as_str()).await? else {
+        let Some(drive) = refs.drives.get(&(row.workspace_id, r.name.to_string())) else {
             continue;
         };
         let spec = &drive.spec.0;

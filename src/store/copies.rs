@@ -19,13 +19,15 @@ pub struct CopyRecord {
     pub in_use: bool,
 }
 
+/// `in_use` comes from one join of live workers with their runs' mounts rather than an
+/// `EXISTS` per copy, which reads every run that ever mounted the drive once per copy.
 const SELECT: &str =
     "SELECT c.drive_id, c.machine_id, m.name AS machine, m.data_path, c.state, c.bytes, c.size_hint,
-        c.evictable, c.last_used_at,
-        EXISTS (SELECT 1 FROM workers w JOIN run_mounts rm ON rm.run_id = w.run_id
-                WHERE rm.drive_id = c.drive_id AND w.machine_id = c.machine_id
-                  AND w.state NOT IN ('Completed', 'Failed')) AS in_use
-    FROM copies c JOIN machines m ON m.id = c.machine_id";
+        c.evictable, c.last_used_at, u.machine_id IS NOT NULL AS in_use
+    FROM copies c JOIN machines m ON m.id = c.machine_id
+    LEFT JOIN (SELECT DISTINCT w.machine_id, rm.drive_id FROM workers w JOIN run_mounts rm ON rm.run_id = w.run_id
+               WHERE w.machine_id IS NOT NULL AND w.state NOT IN ('Completed', 'Failed')) u
+        ON u.machine_id = c.machine_id AND u.drive_id = c.drive_id";
 
 pub async fn for_drive(db: impl PgExecutor<'_>, drive: Uuid) -> sqlx::Result<Vec<CopyRecord>> {
     sqlx::query_as(&format!("{SELECT} WHERE c.drive_id = $1 ORDER BY m.name")).bind(drive).fetch_all(db).await
@@ -40,6 +42,11 @@ pub async fn for_drives(db: impl PgExecutor<'_>, drives: &[Uuid]) -> sqlx::Resul
 
 pub async fn all(db: impl PgExecutor<'_>) -> sqlx::Result<Vec<CopyRecord>> {
     sqlx::query_as(SELECT).fetch_all(db).await
+}
+
+/// Every copy's drive, machine and state: what the fill controller decides over.
+pub async fn states(db: impl PgExecutor<'_>) -> sqlx::Result<Vec<(Uuid, Uuid, String)>> {
+    sqlx::query_as("SELECT drive_id, machine_id, state FROM copies").fetch_all(db).await
 }
 
 /// Makes sure the drive has a copy row on the machine (Filling, holding `size_hint` of room).

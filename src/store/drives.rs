@@ -51,6 +51,22 @@ pub async fn get(db: impl PgExecutor<'_>, workspace: Uuid, name: &str) -> sqlx::
         .await
 }
 
+/// The drives named by these (workspace, name) pairs that exist, in one query.
+pub async fn get_many(
+    db: impl PgExecutor<'_>,
+    workspaces: &[Uuid],
+    names: &[String],
+) -> sqlx::Result<Vec<DriveRecord>> {
+    sqlx::query_as(&format!(
+        "SELECT {COLUMNS} FROM drives
+         WHERE (workspace_id, name) IN (SELECT * FROM unnest($1::uuid[], $2::text[]))"
+    ))
+    .bind(workspaces)
+    .bind(names)
+    .fetch_all(db)
+    .await
+}
+
 pub async fn list(db: impl PgExecutor<'_>, workspace: Uuid, page: Page) -> sqlx::Result<Vec<DriveRecord>> {
     sqlx::query_as(&format!(
         "SELECT {COLUMNS} FROM drives WHERE workspace_id = $1 AND ($2::uuid IS NULL OR id < $2)

@@ -162,6 +162,35 @@ pub async fn beat_if_unchanged(
     .await
 }
 
+/// Writes a batch of heartbeats answered from memory: each machine's liveness and usage, in
+/// one statement that locks the machines in id order like every other transaction.
+pub async fn beat_all(
+    db: impl PgExecutor<'_>,
+    ids: &[Uuid],
+    at: &[chrono::DateTime<chrono::Utc>],
+    usage: &[Usage],
+) -> sqlx::Result<()> {
+    let total: Vec<i64> = usage.iter().map(|u| u.total_bytes).collect();
+    let used: Vec<i64> = usage.iter().map(|u| u.used_bytes).collect();
+    let free: Vec<i64> = usage.iter().map(|u| u.free_bytes).collect();
+    sqlx::query(
+        "WITH b AS (SELECT * FROM unnest($1::uuid[], $2::timestamptz[], $3::bigint[], $4::bigint[], $5::bigint[])
+                    AS b(id, at, total, used, free)),
+              locked AS (SELECT m.id FROM machines m JOIN b ON b.id = m.id ORDER BY m.id FOR UPDATE OF m)
+         UPDATE machines m SET last_heartbeat_at = b.at,
+             data_total_bytes = b.total, data_used_bytes = b.used, data_free_bytes = b.free
+         FROM b, locked WHERE m.id = b.id AND locked.id = b.id AND m.last_heartbeat_at < b.at",
+    )
+    .bind(ids)
+    .bind(at)
+    .bind(&total)
+    .bind(&used)
+    .bind(&free)
+    .execute(db)
+    .await
+    .map(drop)
+}
+
 pub async fn get(db: impl PgExecutor<'_>, id: Uuid) -> sqlx::Result<Option<MachineRecord>> {
     sqlx::query_as(&format!("SELECT {COLUMNS} FROM machines WHERE id = $1")).bind(id).fetch_optional(db).await
 }

@@ -40,6 +40,8 @@ pub async fn connect(url: &str, max_connections: u32) -> anyhow::Result<PgPool> 
         .options([
             ("idle_in_transaction_session_timeout", IDLE_IN_TRANSACTION),
             ("statement_timeout", STATEMENT_TIMEOUT),
+            // Compiling a plan costs tens of milliseconds, more than any of these queries runs.
+            ("jit", "off"),
         ]);
     let pool = PgPoolOptions::new()
         .max_connections(max_connections)

@@ -78,13 +78,20 @@ pub async fn delete(db: impl PgExecutor<'_>, workspace: Uuid, name: &str) -> sql
     Ok(done.rows_affected() == 1)
 }
 
-/// The sealed values of a secret, for the agent that runs a worker referencing it.
-pub async fn sealed(db: impl PgExecutor<'_>, workspace: Uuid, name: &str) -> sqlx::Result<Option<Vec<u8>>> {
-    sqlx::query_scalar("SELECT sealed FROM secrets WHERE workspace_id = $1 AND name = $2")
-        .bind(workspace)
-        .bind(name)
-        .fetch_optional(db)
-        .await
+/// The sealed values of the secrets named by these (workspace, name) pairs that exist.
+pub async fn sealed_many(
+    db: impl PgExecutor<'_>,
+    workspaces: &[Uuid],
+    names: &[String],
+) -> sqlx::Result<Vec<(Uuid, String, Vec<u8>)>> {
+    sqlx::query_as(
+        "SELECT workspace_id, name, sealed FROM secrets
+         WHERE (workspace_id, name) IN (SELECT * FROM unnest($1::uuid[], $2::text[]))",
+    )
+    .bind(workspaces)
+    .bind(names)
+    .fetch_all(db)
+    .await
 }
 
 /// A run not yet ended, or a drive's fill, that references the secret: `run NAME` / `drive NAME`.

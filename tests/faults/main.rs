@@ -483,45 +483,44 @@ async fn a_token_revoked_on_one_replica_is_refused_by_the_others() {
     finish(&c, &[], 0, started, figures).await;
 }
 
+/// Joins a machine of 2 cores through the server at `base` with these fields besides the join
+/// token and capacity; returns its `Authorization` header.
+async fn join_by_hand(c: &Cluster, base: &str, fields: Value) -> String {
+    let (_, join) = c
+        .users
+        .call(Method::POST, "/clusters/main/join-tokens", Some(&json!({"ttl_seconds": 600})))
+        .await
+        .unwrap();
+    let mut body = json!({"join_token": join["token"], "capacity": {"cpu_cores": 2, "memory_bytes": 1u64 << 32, "gpus": 0}});
+    body.as_object_mut().unwrap().extend(fields.as_object().unwrap().clone());
+    let joined: Value =
+        c.http.post(format!("{base}/agent/v1/join")).json(&body).send().await.unwrap().json().await.unwrap();
+    format!("Bearer {}", joined["credential"].as_str().unwrap())
+}
+
+/// One heartbeat reporting these copies and a 1 TiB empty data location: its status and answer.
+async fn heartbeat_by_hand(c: &Cluster, base: &str, auth: &str, copies: Vec<Value>) -> (StatusCode, Value) {
+    let body = json!({"data_location": {"total_bytes": 1u64 << 40, "used_bytes": 0, "free_bytes": 1u64 << 40}, "copies": copies});
+    let r =
+        c.http.post(format!("{base}/agent/v1/heartbeat")).header("authorization", auth).json(&body).send();
+    let r = r.await.unwrap();
+    (r.status(), r.json::<Value>().await.unwrap())
+}
+
 /// A heartbeat reporting 100,000 copies (none of them known) is answered, each named for
 /// deletion, without holding the server's memory; one more copy is refused by name.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_heartbeat_of_100000_copies_is_answered_in_bounded_time_and_memory() {
     let started = Instant::now();
     let c = Cluster::start("big_heartbeat", 1, 0, 8).await.expect("cluster");
-    let (_, join) = c
-        .users
-        .call(Method::POST, "/clusters/main/join-tokens", Some(&json!({"ttl_seconds": 600})))
-        .await
-        .unwrap();
     let base = c.replica(0).base.clone();
-    let joined: Value = c
-        .http
-        .post(format!("{base}/agent/v1/join"))
-        .json(&json!({"join_token": join["token"], "name": "big", "capacity": {"cpu_cores": 2, "memory_bytes": 1u64 << 32, "gpus": 0}}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let auth = format!("Bearer {}", joined["credential"].as_str().unwrap());
+    let auth = join_by_hand(&c, &base, json!({"name": "big"})).await;
     // One heartbeat reporting `copies` complete copies of drives nobody made; its status and answer.
     let beat = |copies: usize| {
         let copies: Vec<Value> = (0..copies)
             .map(|i| json!({"drive": format!("default.dataset-{i:06}"), "bytes": 1, "complete": true}))
             .collect();
-        let body = json!({"data_location": {"total_bytes": 1u64 << 40, "used_bytes": 0, "free_bytes": 1u64 << 40}, "copies": copies});
-        let sent = c
-            .http
-            .post(format!("{base}/agent/v1/heartbeat"))
-            .header("authorization", &auth)
-            .json(&body)
-            .send();
-        async move {
-            let r = sent.await.unwrap();
-            (r.status(), r.json::<Value>().await.unwrap())
-        }
+        heartbeat_by_hand(&c, &base, &auth, copies)
     };
     let rss_before = c.replica(0).rss_mib();
     let sent = Instant::now();
@@ -541,5 +540,52 @@ async fn a_heartbeat_of_100000_copies_is_answered_in_bounded_time_and_memory() {
     assert_eq!(refused["error"]["fields"][0]["path"], "copies", "{refused}");
     let figures = json!({"copies": 100_000, "answered_after_ms": took.as_millis(),
         "server_peak_rss_growth_mib": peak_growth.round(), "copies_100001": 422});
+    finish(&c, &[], 0, started, figures).await;
+}
+
+/// A heartbeat that changes nothing is answered from the replica's memory; a change the server
+/// makes to its side of the answer through another replica (here the data location's limit)
+/// reaches that replica's next answer at once, not after the memory's 30 s expiry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_heartbeat_answered_from_memory_sees_a_change_made_on_another_replica() {
+    let started = Instant::now();
+    let c = Cluster::start("remembered_heartbeat", 2, 0, 8).await.expect("cluster");
+    let base = c.replica(0).base.clone();
+    let auth = join_by_hand(&c, &base, json!({"name": "solo", "data_location": "/data/solo"})).await;
+    let users = &c.users;
+    let confirm = |limit: Option<i64>| {
+        let body = json!({"path": "/data/solo", "limit_bytes": limit});
+        async move {
+            let (s, v) =
+                users.once(1, Method::POST, "/machines/solo/data-location", Some(&body)).await.unwrap();
+            assert_eq!(s, StatusCode::OK, "{v}");
+        }
+    };
+    let beat = || async {
+        let (status, answer) = heartbeat_by_hand(&c, &base, &auth, vec![]).await;
+        assert_eq!(status, StatusCode::OK);
+        answer
+    };
+    confirm(None).await;
+    // The first is checked in Postgres and remembered; the second is answered from memory.
+    for _ in 0..2 {
+        let answer = beat().await;
+        assert_eq!(answer["data_location"], "/data/solo", "{answer}");
+        assert_eq!(answer["data_limit_bytes"], Value::Null, "{answer}");
+    }
+    confirm(Some(5_000_000)).await;
+    let changed = Instant::now();
+    loop {
+        let answer = beat().await;
+        if answer["data_limit_bytes"] == 5_000_000 {
+            break;
+        }
+        assert!(
+            changed.elapsed() < Duration::from_secs(5),
+            "replica 0 still answers from memory what replica 1 changed: {answer}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let figures = json!({"replicas": 2, "seen_by_the_other_replica_after_ms": changed.elapsed().as_millis()});
     finish(&c, &[], 0, started, figures).await;
 }

@@ -28,10 +28,10 @@ pub async fn tick(db: &PgPool, refill_after: Duration) -> anyhow::Result<(usize,
         .into_iter()
         .map(|w| Waiting { worker: w.worker, machine: w.machine, drive: w.drive, reason: w.reason })
         .collect();
-    let copies: HashMap<_, _> = store::copies::all(&mut *tx)
+    let copies: HashMap<_, _> = store::copies::states(&mut *tx)
         .await?
         .into_iter()
-        .map(|c| ((c.drive_id, c.machine_id), CopyState::parse(&c.state)))
+        .map(|(drive, machine, state)| ((drive, machine), CopyState::parse(&state)))
         .collect();
     let fills: Vec<Fill> = store::fills::list(&mut *tx)
         .await?

@@ -1,0 +1,213 @@
+//! Heartbeats that change nothing, answered from memory and written in batches.
+//!
+//! Most heartbeats repeat the copies the machine was last found to hold. Once Postgres has
+//! agreed that a report matches (`machines::beat_if_unchanged`), the same report is answered
+//! from here, and its liveness and usage are written for all machines at once every
+//! [`flush_every`]. Whatever the server changes on its side of the report (a copy evicted or
+//! dropped, the data location, the machine's state) is announced by a trigger on
+//! `astraeus_report` and forgets the machine on every replica; an entry lapses after [`TTL`]
+//! anyway, which bounds how long a lost notification matters. A crash loses at most one
+//! batch of liveness, which the next heartbeat restores.
+
+use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use crate::protocol::CopyReport;
+use crate::store::{self, machines::Usage};
+
+pub const TTL: Duration = Duration::from_secs(30);
+
+/// What a heartbeat answers when nothing changed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Known {
+    pub data_location: Option<String>,
+    pub data_limit_bytes: Option<i64>,
+}
+
+#[derive(Debug)]
+struct Entry {
+    /// Bumped by every [`Beats::forget`]: an answer read before it is not remembered after it.
+    generation: u64,
+    report: Option<(u64, Known, Instant)>,
+}
+
+/// A heartbeat waiting to be written.
+#[derive(Debug, Clone, Copy)]
+struct Pending {
+    at: DateTime<Utc>,
+    total: i64,
+    used: i64,
+    free: i64,
+}
+
+#[derive(Default)]
+pub struct Beats {
+    known: Mutex<HashMap<Uuid, Entry>>,
+    pending: Mutex<HashMap<Uuid, Pending>>,
+}
+
+/// A report's copies, order aside: the agent lists them as its disk does.
+pub fn digest(copies: &[CopyReport]) -> u64 {
+    let mut sorted: Vec<(&str, u64, bool)> =
+        copies.iter().map(|c| (c.drive.as_str(), c.bytes, c.complete)).collect();
+    sorted.sort_unstable();
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    sorted.hash(&mut h);
+    h.finish()
+}
+
+/// How often pending heartbeats are written: well inside the grace a machine has.
+pub fn flush_every(grace: Duration) -> Duration {
+    (grace / 10).clamp(Duration::from_millis(100), Duration::from_secs(1))
+}
+
+impl Beats {
+    /// The answer for a report Postgres agreed with lately, if `digest` is that report.
+    pub fn known(&self, machine: Uuid, digest: u64) -> Option<Known> {
+        let known = self.known.lock().expect("not poisoned");
+        match &known.get(&machine)?.report {
+            Some((d, k, at)) if *d == digest && at.elapsed() < TTL => Some(k.clone()),
+            _ => None,
+        }
+    }
+
+    /// Read before asking Postgres; pass it to [`Beats::remember`].
+    pub fn generation(&self, machine: Uuid) -> u64 {
+        self.known.lock().expect("not poisoned").get(&machine).map_or(0, |e| e.generation)
+    }
+
+    /// Remembers that Postgres agreed with this report, unless the machine was forgotten since
+    /// `generation` was read.
+    pub fn remember(&self, machine: Uuid, generation: u64, digest: u64, answer: Known) {
+        let mut known = self.known.lock().expect("not poisoned");
+        let entry = known.entry(machine).or_insert(Entry { generation: 0, report: None });
+        if entry.generation == generation {
+            entry.report = Some((digest, answer, Instant::now()));
+        }
+    }
+
+    pub fn forget(&self, machine: Uuid) {
+        let mut known = self.known.lock().expect("not poisoned");
+        let entry = known.entry(machine).or_insert(Entry { generation: 0, report: None });
+        entry.generation += 1;
+        entry.report = None;
+    }
+
+    /// After notifications may have been missed.
+    pub fn forget_all(&self) {
+        for entry in self.known.lock().expect("not poisoned").values_mut() {
+            entry.generation += 1;
+            entry.report = None;
+        }
+    }
+
+    /// Queues the machine's liveness and usage for the next batch.
+    pub fn record(&self, machine: Uuid, usage: &Usage) {
+        let beat = Pending {
+            at: Utc::now(),
+            total: usage.total_bytes,
+            used: usage.used_bytes,
+            free: usage.free_bytes,
+        };
+        self.pending.lock().expect("not poisoned").insert(machine, beat);
+    }
+
+    /// Writes the queued heartbeats in one statement; returns how many.
+    pub async fn flush(&self, db: &PgPool) -> sqlx::Result<usize> {
+        let batch: Vec<(Uuid, Pending)> = self.pending.lock().expect("not poisoned").drain().collect();
+        if batch.is_empty() {
+            return Ok(0);
+        }
+        let ids: Vec<Uuid> = batch.iter().map(|(id, _)| *id).collect();
+        let at: Vec<DateTime<Utc>> = batch.iter().map(|(_, b)| b.at).collect();
+        let usage: Vec<Usage> = batch
+            .iter()
+            .map(|(_, b)| Usage { total_bytes: b.total, used_bytes: b.used, free_bytes: b.free })
+            .collect();
+        store::machines::beat_all(db, &ids, &at, &usage).await?;
+        Ok(batch.len())
+    }
+
+    /// Flushes every `every` until `stop`, then once more.
+    pub async fn run(&self, db: PgPool, every: Duration, stop: CancellationToken) {
+        loop {
+            let stopping = tokio::select! {
+                _ = stop.cancelled() => true,
+                _ = tokio::time::sleep(every) => false,
+            };
+            match self.flush(&db).await {
+                Ok(n) => {
+                    metrics::counter!("astraeus_heartbeats_batched_total").increment(n as u64);
+                }
+                Err(e) => tracing::warn!(error = %e, "writing heartbeats failed"),
+            }
+            if stopping {
+                return;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn copy(drive: &str, bytes: u64, complete: bool) -> CopyReport {
+        CopyReport { drive: drive.into(), bytes, complete, last_used_at: None }
+    }
+
+    fn answer() -> Known {
+        Known { data_location: Some("/data".into()), data_limit_bytes: None }
+    }
+
+    #[test]
+    fn a_digest_ignores_order_and_sees_bytes_and_completeness() {
+        let a = [copy("ws.a", 1, true), copy("ws.b", 2, false)];
+        let b = [copy("ws.b", 2, false), copy("ws.a", 1, true)];
+        assert_eq!(digest(&a), digest(&b));
+        assert_ne!(digest(&a), digest(&[copy("ws.a", 1, true), copy("ws.b", 3, false)]));
+        assert_ne!(digest(&a), digest(&[copy("ws.a", 1, true), copy("ws.b", 2, true)]));
+        assert_ne!(digest(&a), digest(&a[..1]));
+    }
+
+    #[test]
+    fn only_the_report_postgres_agreed_with_is_answered_from_memory() {
+        let (m, other) = (Uuid::now_v7(), Uuid::now_v7());
+        let beats = Beats::default();
+        assert_eq!(beats.known(m, 7), None);
+        beats.remember(m, beats.generation(m), 7, answer());
+        assert_eq!(beats.known(m, 7), Some(answer()));
+        assert_eq!(beats.known(m, 8), None, "another report");
+        assert_eq!(beats.known(other, 7), None, "another machine");
+        beats.forget(m);
+        assert_eq!(beats.known(m, 7), None);
+    }
+
+    #[test]
+    fn a_change_announced_while_postgres_was_asked_is_not_overwritten() {
+        let m = Uuid::now_v7();
+        let beats = Beats::default();
+        let asked = beats.generation(m);
+        beats.forget(m);
+        beats.remember(m, asked, 7, answer());
+        assert_eq!(beats.known(m, 7), None);
+        beats.remember(m, beats.generation(m), 7, answer());
+        assert_eq!(beats.known(m, 7), Some(answer()));
+        beats.forget_all();
+        assert_eq!(beats.known(m, 7), None);
+    }
+
+    #[test]
+    fn batches_come_often_enough_for_the_grace() {
+        assert_eq!(flush_every(Duration::from_secs(30)), Duration::from_secs(1));
+        assert_eq!(flush_every(Duration::from_secs(3)), Duration::from_millis(300));
+        assert_eq!(flush_every(Duration::from_millis(200)), Duration::from_millis(100));
+    }
+}

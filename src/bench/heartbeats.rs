@@ -1,6 +1,6 @@
 //! Heartbeats: the machines' own beats are paused, and heartbeats (each with the machine's
 //! copies) are offered round-robin over every machine at rising rates; the figure is the highest
-//! rate answered in full with p99 under 50 ms.
+//! rate answered in full with p99 under 50 ms (in one of two tries).
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -64,6 +64,20 @@ async fn step(fleet: &Arc<Fleet>, rate: f64, duration: Duration) -> Step {
     s
 }
 
+/// Offers `rate`; a rate that fails is offered once more before it counts as not sustained, as
+/// one stall of the shared machine can spoil a short step. Every step is kept.
+async fn sustains(fleet: &Arc<Fleet>, rate: f64, duration: Duration, steps: &mut Vec<Step>) -> bool {
+    for _ in 0..2 {
+        let s = step(fleet, rate, duration).await;
+        steps.push(s.clone());
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        if s.pass {
+            return true;
+        }
+    }
+    false
+}
+
 pub async fn measure(fleet: &Arc<Fleet>, duration: Duration, start: f64) -> Heartbeats {
     fleet.beats_paused.store(true, Ordering::Relaxed);
     // Let beats in flight finish.
@@ -72,10 +86,7 @@ pub async fn measure(fleet: &Arc<Fleet>, duration: Duration, start: f64) -> Hear
     let (mut good, mut bad) = (0.0f64, None::<f64>);
     let mut rate = start;
     while rate <= MAX_RATE {
-        let s = step(fleet, rate, duration).await;
-        steps.push(s.clone());
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        if s.pass {
+        if sustains(fleet, rate, duration, &mut steps).await {
             good = rate;
             rate *= 2.0;
         } else {
@@ -87,10 +98,7 @@ pub async fn measure(fleet: &Arc<Fleet>, duration: Duration, start: f64) -> Hear
     if good == 0.0 {
         let mut low = start / 2.0;
         while low >= 50.0 {
-            let s = step(fleet, low, duration).await;
-            steps.push(s.clone());
-            tokio::time::sleep(Duration::from_secs(1)).await;
-            if s.pass {
+            if sustains(fleet, low, duration, &mut steps).await {
                 good = low;
                 break;
             }
@@ -106,10 +114,7 @@ pub async fn measure(fleet: &Arc<Fleet>, duration: Duration, start: f64) -> Hear
             if mid <= low || mid >= high {
                 break;
             }
-            let s = step(fleet, mid, duration).await;
-            steps.push(s.clone());
-            tokio::time::sleep(Duration::from_secs(1)).await;
-            if s.pass {
+            if sustains(fleet, mid, duration, &mut steps).await {
                 low = mid;
             } else {
                 high = mid;

@@ -81,6 +81,8 @@ async fn pass(db: &PgPool) -> anyhow::Result<(usize, usize)> {
         return Ok((0, 0));
     }
     let mut machines = load_machines(&mut tx).await?;
+    // Copies made whole during the pass are not: the index stays true for the whole pass.
+    let warm = select::warm_index(&machines);
     // Decided one by one against the in-memory machines, written together at the end.
     let mut binds: Vec<Bind> = Vec::new();
     let mut used: (Vec<Uuid>, Vec<Uuid>) = (Vec::new(), Vec::new());
@@ -104,7 +106,7 @@ async fn pass(db: &PgPool) -> anyhow::Result<(usize, usize)> {
                 request.gpus = (request.gpus - lent.gpus).max(0);
             }
         }
-        let choice = match select::select(&machines, &request) {
+        let choice = match select::select(&machines, &request, &select::warm_for(&warm, &request)) {
             Ok(c) => c,
             Err(why) => {
                 if w.reason != why {

@@ -19,34 +19,55 @@ pub struct CopyRecord {
     pub in_use: bool,
 }
 
-/// `in_use` comes from one join of live workers with their runs' mounts rather than an
-/// `EXISTS` per copy, which reads every run that ever mounted the drive once per copy.
-const SELECT: &str =
-    "SELECT c.drive_id, c.machine_id, m.name AS machine, m.data_path, c.state, c.bytes, c.size_hint,
-        c.evictable, c.last_used_at, u.machine_id IS NOT NULL AS in_use
-    FROM copies c JOIN machines m ON m.id = c.machine_id
-    LEFT JOIN (SELECT DISTINCT w.machine_id, rm.drive_id FROM workers w JOIN run_mounts rm ON rm.run_id = w.run_id
-               WHERE w.machine_id IS NOT NULL AND w.state NOT IN ('Completed', 'Failed')) u
-        ON u.machine_id = c.machine_id AND u.drive_id = c.drive_id";
+/// The copies of the drives `filter` picks: a condition on the drive's id, written `{d}`.
+/// `in_use` comes from one join of live workers with their runs' mounts, filtered the same
+/// way, rather than an `EXISTS` per copy, which reads every run that ever mounted the drive
+/// once per copy.
+fn select(filter: &str) -> String {
+    format!(
+        "SELECT c.drive_id, c.machine_id, m.name AS machine, m.data_path, c.state, c.bytes, c.size_hint,
+            c.evictable, c.last_used_at, u.machine_id IS NOT NULL AS in_use
+         FROM copies c JOIN machines m ON m.id = c.machine_id
+         LEFT JOIN (SELECT DISTINCT w.machine_id, rm.drive_id FROM workers w JOIN run_mounts rm ON rm.run_id = w.run_id
+                    WHERE w.machine_id IS NOT NULL AND w.state NOT IN ('Completed', 'Failed')
+                      AND {inner}) u
+             ON u.machine_id = c.machine_id AND u.drive_id = c.drive_id
+         WHERE {outer}",
+        inner = filter.replace("{d}", "rm.drive_id"),
+        outer = filter.replace("{d}", "c.drive_id"),
+    )
+}
 
 pub async fn for_drive(db: impl PgExecutor<'_>, drive: Uuid) -> sqlx::Result<Vec<CopyRecord>> {
-    sqlx::query_as(&format!("{SELECT} WHERE c.drive_id = $1 ORDER BY m.name")).bind(drive).fetch_all(db).await
+    sqlx::query_as(&(select("{d} = $1") + " ORDER BY m.name")).bind(drive).fetch_all(db).await
 }
 
 pub async fn for_drives(db: impl PgExecutor<'_>, drives: &[Uuid]) -> sqlx::Result<Vec<CopyRecord>> {
-    sqlx::query_as(&format!("{SELECT} WHERE c.drive_id = ANY($1) ORDER BY m.name"))
-        .bind(drives)
-        .fetch_all(db)
-        .await
+    sqlx::query_as(&(select("{d} = ANY($1)") + " ORDER BY m.name")).bind(drives).fetch_all(db).await
 }
 
 pub async fn all(db: impl PgExecutor<'_>) -> sqlx::Result<Vec<CopyRecord>> {
-    sqlx::query_as(SELECT).fetch_all(db).await
+    sqlx::query_as(&select("true")).fetch_all(db).await
 }
 
-/// Every copy's drive, machine and state: what the fill controller decides over.
-pub async fn states(db: impl PgExecutor<'_>) -> sqlx::Result<Vec<(Uuid, Uuid, String)>> {
-    sqlx::query_as("SELECT drive_id, machine_id, state FROM copies").fetch_all(db).await
+/// The states of the copies the fill controller has work for: every copy not yet whole, and
+/// the whole ones that the given (drive, machine) pairs wait for. Whole copies nobody waits for,
+/// most of them, are not read.
+pub async fn unsettled(
+    db: impl PgExecutor<'_>,
+    drives: &[Uuid],
+    machines: &[Uuid],
+) -> sqlx::Result<Vec<(Uuid, Uuid, String)>> {
+    sqlx::query_as(
+        "SELECT drive_id, machine_id, state FROM copies WHERE state <> 'Complete'
+         UNION
+         SELECT c.drive_id, c.machine_id, c.state FROM copies c
+         JOIN unnest($1::uuid[], $2::uuid[]) AS w(drive, machine) ON c.drive_id = w.drive AND c.machine_id = w.machine",
+    )
+    .bind(drives)
+    .bind(machines)
+    .fetch_all(db)
+    .await
 }
 
 /// Makes sure the drive has a copy row on the machine (Filling, holding `size_hint` of room).

@@ -37,13 +37,17 @@ pub struct FillRow {
     pub finished_at: Option<DateTime<Utc>>,
 }
 
-pub async fn list(db: impl PgExecutor<'_>) -> sqlx::Result<Vec<FillRow>> {
+/// The fill runs of copies being filled or failed: the only ones the fill controller's plan
+/// looks at (a whole copy's fill, or one whose copy is gone, decides nothing).
+pub async fn unsettled(db: impl PgExecutor<'_>) -> sqlx::Result<Vec<FillRow>> {
     sqlx::query_as(
         "SELECT r.id AS run, r.fill_drive_id AS drive, r.fill_machine_id AS machine, r.state,
              w.name AS last_worker, w.finished_at
-         FROM runs r JOIN LATERAL (
+         FROM copies c
+         JOIN runs r ON r.fill_drive_id = c.drive_id AND r.fill_machine_id = c.machine_id
+         JOIN LATERAL (
              SELECT name, finished_at FROM workers WHERE run_id = r.id ORDER BY index DESC LIMIT 1) w ON true
-         WHERE r.fill_drive_id IS NOT NULL",
+         WHERE c.state IN ('Filling', 'Failed')",
     )
     .fetch_all(db)
     .await

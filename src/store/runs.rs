@@ -87,16 +87,16 @@ pub async fn list(
     all: bool,
     page: Page,
 ) -> sqlx::Result<Vec<RunRecord>> {
+    // Conditions written out only when they apply, rather than `$2 OR state NOT IN (…)` and
+    // `$3 IS NULL OR id < $3`: a generic plan can then still walk runs_live_idx from `before`.
+    let live = if all { "" } else { "AND state NOT IN ('Completed', 'Failed')" };
+    let before = if page.before.is_some() { "AND id < $3" } else { "AND $3::uuid IS NULL" };
     sqlx::query_as(&format!(
-        "SELECT {COLUMNS} FROM runs
-         WHERE workspace_id = $1 AND ($2 OR state NOT IN ('Completed', 'Failed'))
-           AND ($3::uuid IS NULL OR id < $3)
-         ORDER BY id DESC LIMIT $4"
+        "SELECT {COLUMNS} FROM runs WHERE workspace_id = $1 {live} {before} ORDER BY id DESC LIMIT $2"
     ))
     .bind(workspace)
-    .bind(all)
-    .bind(page.before)
     .bind(page.limit)
+    .bind(page.before)
     .fetch_all(db)
     .await
 }

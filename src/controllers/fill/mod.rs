@@ -28,12 +28,13 @@ pub async fn tick(db: &PgPool, refill_after: Duration) -> anyhow::Result<(usize,
         .into_iter()
         .map(|w| Waiting { worker: w.worker, machine: w.machine, drive: w.drive, reason: w.reason })
         .collect();
-    let copies: HashMap<_, _> = store::copies::states(&mut *tx)
+    let (drives, machines): (Vec<_>, Vec<_>) = waiting.iter().map(|w| (w.drive, w.machine)).unzip();
+    let copies: HashMap<_, _> = store::copies::unsettled(&mut *tx, &drives, &machines)
         .await?
         .into_iter()
         .map(|(drive, machine, state)| ((drive, machine), CopyState::parse(&state)))
         .collect();
-    let fills: Vec<Fill> = store::fills::list(&mut *tx)
+    let fills: Vec<Fill> = store::fills::unsettled(&mut *tx)
         .await?
         .into_iter()
         .map(|f| Fill {

@@ -38,19 +38,11 @@ struct Entry {
     report: Option<(u64, Known, Instant)>,
 }
 
-/// A heartbeat waiting to be written.
-#[derive(Debug, Clone, Copy)]
-struct Pending {
-    at: DateTime<Utc>,
-    total: i64,
-    used: i64,
-    free: i64,
-}
-
 #[derive(Default)]
 pub struct Beats {
     known: Mutex<HashMap<Uuid, Entry>>,
-    pending: Mutex<HashMap<Uuid, Pending>>,
+    /// Heartbeats waiting to be written: when each machine beat last, and its usage then.
+    pending: Mutex<HashMap<Uuid, (DateTime<Utc>, Usage)>>,
 }
 
 /// A report's copies, order aside: the agent lists them as its disk does.
@@ -110,27 +102,19 @@ impl Beats {
 
     /// Queues the machine's liveness and usage for the next batch.
     pub fn record(&self, machine: Uuid, usage: &Usage) {
-        let beat = Pending {
-            at: Utc::now(),
-            total: usage.total_bytes,
-            used: usage.used_bytes,
-            free: usage.free_bytes,
-        };
-        self.pending.lock().expect("not poisoned").insert(machine, beat);
+        self.pending.lock().expect("not poisoned").insert(machine, (Utc::now(), *usage));
     }
 
     /// Writes the queued heartbeats in one statement; returns how many.
     pub async fn flush(&self, db: &PgPool) -> sqlx::Result<usize> {
-        let batch: Vec<(Uuid, Pending)> = self.pending.lock().expect("not poisoned").drain().collect();
+        let batch: Vec<(Uuid, (DateTime<Utc>, Usage))> =
+            self.pending.lock().expect("not poisoned").drain().collect();
         if batch.is_empty() {
             return Ok(0);
         }
         let ids: Vec<Uuid> = batch.iter().map(|(id, _)| *id).collect();
-        let at: Vec<DateTime<Utc>> = batch.iter().map(|(_, b)| b.at).collect();
-        let usage: Vec<Usage> = batch
-            .iter()
-            .map(|(_, b)| Usage { total_bytes: b.total, used_bytes: b.used, free_bytes: b.free })
-            .collect();
+        let at: Vec<DateTime<Utc>> = batch.iter().map(|(_, (at, _))| *at).collect();
+        let usage: Vec<Usage> = batch.iter().map(|(_, (_, u))| *u).collect();
         store::machines::beat_all(db, &ids, &at, &usage).await?;
         Ok(batch.len())
     }

@@ -259,24 +259,16 @@ impl Referenced {
                 secrets.1.push(s.name.to_string());
             }
         }
-        let drives = if drives.0.is_empty() {
-            HashMap::new()
-        } else {
-            store::drives::get_many(&app.db, &drives.0, &drives.1)
-                .await?
-                .into_iter()
-                .map(|d| ((d.workspace_id, d.name.clone()), d))
-                .collect()
-        };
-        let secrets = if secrets.0.is_empty() {
-            HashMap::new()
-        } else {
-            store::secrets::sealed_many(&app.db, &secrets.0, &secrets.1)
-                .await?
-                .into_iter()
-                .map(|(ws, name, sealed)| ((ws, name), sealed))
-                .collect()
-        };
+        let drives = store::drives::get_many(&app.db, &drives.0, &drives.1)
+            .await?
+            .into_iter()
+            .map(|d| ((d.workspace_id, d.name.clone()), d))
+            .collect();
+        let secrets = store::secrets::sealed_many(&app.db, &secrets.0, &secrets.1)
+            .await?
+            .into_iter()
+            .map(|(ws, name, sealed)| ((ws, name), sealed))
+            .collect();
         Ok(Referenced { drives, secrets })
     }
 }

@@ -57,6 +57,9 @@ pub async fn get_many(
     workspaces: &[Uuid],
     names: &[String],
 ) -> sqlx::Result<Vec<DriveRecord>> {
+    if names.is_empty() {
+        return Ok(Vec::new());
+    }
     sqlx::query_as(&format!(
         "SELECT {COLUMNS} FROM drives
          WHERE (workspace_id, name) IN (SELECT * FROM unnest($1::uuid[], $2::text[]))"

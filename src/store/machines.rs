@@ -93,6 +93,7 @@ pub async fn credential_is_current(
         .await
 }
 
+#[derive(Debug, Clone, Copy)]
 pub struct Usage {
     pub total_bytes: i64,
     pub used_bytes: i64,

@@ -90,13 +90,15 @@ pub async fn list(
     // Conditions written out only when they apply, rather than `$2 OR state NOT IN (…)` and
     // `$3 IS NULL OR id < $3`: a generic plan can then still walk runs_live_idx from `before`.
     let live = if all { "" } else { "AND state NOT IN ('Completed', 'Failed')" };
-    let before = if page.before.is_some() { "AND id < $3" } else { "AND $3::uuid IS NULL" };
-    sqlx::query_as(&format!(
+    let before = if page.before.is_some() { "AND id < $3" } else { "" };
+    let sql = format!(
         "SELECT {COLUMNS} FROM runs WHERE workspace_id = $1 {live} {before} ORDER BY id DESC LIMIT $2"
-    ))
-    .bind(workspace)
-    .bind(page.limit)
-    .bind(page.before)
+    );
+    let query = sqlx::query_as(&sql).bind(workspace).bind(page.limit);
+    match page.before {
+        Some(id) => query.bind(id),
+        None => query,
+    }
     .fetch_all(db)
     .await
 }

@@ -84,6 +84,9 @@ pub async fn sealed_many(
     workspaces: &[Uuid],
     names: &[String],
 ) -> sqlx::Result<Vec<(Uuid, String, Vec<u8>)>> {
+    if names.is_empty() {
+        return Ok(Vec::new());
+    }
     sqlx::query_as(
         "SELECT workspace_id, name, sealed FROM secrets
          WHERE (workspace_id, name) IN (SELECT * FROM unnest($1::uuid[], $2::text[]))",

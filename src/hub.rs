@@ -31,6 +31,9 @@ pub struct Hub {
     pub changes: Notify,
     /// Credentials checked lately, forgotten when revoked on any replica.
     pub credentials: crate::auth::recent::Recent,
+    /// User tokens and machine credentials whose signature was checked lately.
+    pub tokens: crate::auth::verified::Verified<crate::auth::Claims>,
+    pub machine_tokens: crate::auth::verified::Verified<crate::auth::machine::MachineClaims>,
     /// Heartbeats that changed nothing, forgotten when the server changes its side.
     pub beats: crate::beats::Beats,
 }

@@ -67,7 +67,9 @@ impl FromRequestParts<AppState> for MachineCaller {
                     "no machine credential: send Authorization: Bearer <credential>".into(),
                 )
             })?;
-        let claims = verify_credential(&app.keys, bearer.trim())
+        let now = chrono::Utc::now().timestamp();
+        let claims = (app.hub.machine_tokens)
+            .check(bearer.trim(), now, |t| verify_credential(&app.keys, t))
             .map_err(|e| ApiError::Unauthorized(format!("the machine credential is not valid: {e}")))?;
         if !app.hub.credentials.is_fresh(claims.mid, claims.jti) {
             if !store::machines::credential_is_current(&app.db, claims.mid, claims.jti).await? {
@@ -383,7 +385,8 @@ async fn report_status(
     let Some(run) = run else {
         return Ok(Json(Ack { accepted: false }));
     };
-    if let Some((workspace, name)) = store::workers::identity(&mut *tx, id).await? {
+    let named = if report.events.is_empty() { None } else { store::workers::identity(&mut *tx, id).await? };
+    if let Some((workspace, name)) = named {
         let source = format!("agent/{}", caller.name);
         for e in &report.events {
             let event = store::events::New {

@@ -57,10 +57,12 @@ impl FromRequestParts<AppState> for Caller {
             .ok_or_else(|| {
                 ApiError::Unauthorized("the Authorization header must be: Bearer <token>".into())
             })?;
-        let claims = token::verify(&app.keys, bearer).map_err(|e| match e {
-            TokenError::Expired => ApiError::Unauthorized("the token has expired".into()),
-            TokenError::Invalid(why) => ApiError::Unauthorized(format!("the token is not valid ({why})")),
-        })?;
+        let now = chrono::Utc::now().timestamp();
+        let claims =
+            app.hub.tokens.check(bearer, now, |t| token::verify(&app.keys, t)).map_err(|e| match e {
+                TokenError::Expired => ApiError::Unauthorized("the token has expired".into()),
+                TokenError::Invalid(why) => ApiError::Unauthorized(format!("the token is not valid ({why})")),
+            })?;
         app.limiter.check(claims.jti).map_err(ApiError::TooManyRequests)?;
         if !app.hub.credentials.is_fresh(claims.jti, claims.jti) {
             if !store::tokens::is_active(&app.db, claims.jti).await? {

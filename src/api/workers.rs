@@ -17,7 +17,10 @@ use super::error::{ApiError, ErrorBody};
 use super::extract::Path;
 use crate::domain::name::could_name_object;
 use crate::domain::run::WorkerState;
-use crate::store::{self, workers::WorkerRecord};
+use crate::store::{
+    self,
+    workers::{DriveUser, WorkerRecord},
+};
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new().routes(routes!(get))
@@ -63,8 +66,8 @@ pub struct WorkerRef {
     pub machine: Option<String>,
 }
 
-impl From<WorkerRecord> for WorkerRef {
-    fn from(w: WorkerRecord) -> WorkerRef {
+impl From<DriveUser> for WorkerRef {
+    fn from(w: DriveUser) -> WorkerRef {
         WorkerRef { name: w.name, run: w.run_name, state: w.state, machine: w.machine }
     }
 }

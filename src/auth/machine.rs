@@ -32,6 +32,12 @@ pub struct MachineClaims {
     pub exp: i64,
 }
 
+impl super::verified::Expiring for MachineClaims {
+    fn expires_at(&self) -> i64 {
+        self.exp
+    }
+}
+
 pub fn mint_credential(
     keys: &Keys,
     machine: Uuid,

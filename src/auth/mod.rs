@@ -6,6 +6,7 @@ pub mod machine;
 pub mod recent;
 pub mod seal;
 pub mod token;
+pub mod verified;
 
 pub use keys::Keys;
 pub use token::{Claims, TokenError};

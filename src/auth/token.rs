@@ -32,6 +32,12 @@ pub struct Claims {
     pub org: bool,
 }
 
+impl super::verified::Expiring for Claims {
+    fn expires_at(&self) -> i64 {
+        self.exp
+    }
+}
+
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum TokenError {
     #[error("the token has expired")]

@@ -273,7 +273,7 @@ fn transports(drives: &[DriveNeed], m: &MachineView, all: &[MachineView]) -> BTr
 /// Every machine with its free resources, data-location room and copies.
 async fn load_machines(tx: &mut sqlx::PgConnection) -> anyhow::Result<Vec<MachineView>> {
     let mut copies: HashMap<Uuid, HashMap<Uuid, CopyView>> = HashMap::new();
-    for c in store::copies::all(&mut *tx).await? {
+    for c in store::copies::for_placement(&mut *tx).await? {
         let view = CopyView {
             state: CopyState::parse(&c.state),
             bytes: c.bytes,

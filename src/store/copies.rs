@@ -4,12 +4,23 @@ use chrono::{DateTime, Utc};
 use sqlx::{PgConnection, PgExecutor};
 use uuid::Uuid;
 
+/// A copy as the API shows it.
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct CopyRecord {
     pub drive_id: Uuid,
     pub machine_id: Uuid,
     pub machine: String,
     pub data_path: Option<String>,
+    pub state: String,
+    pub bytes: i64,
+    pub last_used_at: Option<DateTime<Utc>>,
+}
+
+/// A copy as placement weighs it.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct PlacementCopy {
+    pub drive_id: Uuid,
+    pub machine_id: Uuid,
     pub state: String,
     pub bytes: i64,
     pub size_hint: i64,
@@ -19,35 +30,34 @@ pub struct CopyRecord {
     pub in_use: bool,
 }
 
-/// The copies of the drives `filter` picks: a condition on the drive's id, written `{d}`.
-/// `in_use` comes from one join of live workers with their runs' mounts, filtered the same
-/// way, rather than an `EXISTS` per copy, which reads every run that ever mounted the drive
-/// once per copy.
-fn select(filter: &str) -> String {
-    format!(
-        "SELECT c.drive_id, c.machine_id, m.name AS machine, m.data_path, c.state, c.bytes, c.size_hint,
-            c.evictable, c.last_used_at, u.machine_id IS NOT NULL AS in_use
-         FROM copies c JOIN machines m ON m.id = c.machine_id
-         LEFT JOIN (SELECT DISTINCT w.machine_id, rm.drive_id FROM workers w JOIN run_mounts rm ON rm.run_id = w.run_id
-                    WHERE w.machine_id IS NOT NULL AND w.state NOT IN ('Completed', 'Failed')
-                      AND {inner}) u
-             ON u.machine_id = c.machine_id AND u.drive_id = c.drive_id
-         WHERE {outer}",
-        inner = filter.replace("{d}", "rm.drive_id"),
-        outer = filter.replace("{d}", "c.drive_id"),
-    )
-}
+const SELECT: &str = "SELECT c.drive_id, c.machine_id, m.name AS machine, m.data_path, c.state, c.bytes,
+        c.last_used_at
+    FROM copies c JOIN machines m ON m.id = c.machine_id";
 
 pub async fn for_drive(db: impl PgExecutor<'_>, drive: Uuid) -> sqlx::Result<Vec<CopyRecord>> {
-    sqlx::query_as(&(select("{d} = $1") + " ORDER BY m.name")).bind(drive).fetch_all(db).await
+    sqlx::query_as(&format!("{SELECT} WHERE c.drive_id = $1 ORDER BY m.name")).bind(drive).fetch_all(db).await
 }
 
 pub async fn for_drives(db: impl PgExecutor<'_>, drives: &[Uuid]) -> sqlx::Result<Vec<CopyRecord>> {
-    sqlx::query_as(&(select("{d} = ANY($1)") + " ORDER BY m.name")).bind(drives).fetch_all(db).await
+    sqlx::query_as(&format!("{SELECT} WHERE c.drive_id = ANY($1) ORDER BY m.name"))
+        .bind(drives)
+        .fetch_all(db)
+        .await
 }
 
-pub async fn all(db: impl PgExecutor<'_>) -> sqlx::Result<Vec<CopyRecord>> {
-    sqlx::query_as(&select("true")).fetch_all(db).await
+/// Every copy. `in_use` comes from one join of live workers with their runs' mounts, rather
+/// than an `EXISTS` per copy, which reads every run that ever mounted the drive once per copy.
+pub async fn for_placement(db: impl PgExecutor<'_>) -> sqlx::Result<Vec<PlacementCopy>> {
+    sqlx::query_as(
+        "SELECT c.drive_id, c.machine_id, c.state, c.bytes, c.size_hint, c.evictable, c.last_used_at,
+            u.machine_id IS NOT NULL AS in_use
+         FROM copies c
+         LEFT JOIN (SELECT DISTINCT w.machine_id, rm.drive_id FROM workers w JOIN run_mounts rm ON rm.run_id = w.run_id
+                    WHERE w.machine_id IS NOT NULL AND w.state NOT IN ('Completed', 'Failed')) u
+             ON u.machine_id = c.machine_id AND u.drive_id = c.drive_id",
+    )
+    .fetch_all(db)
+    .await
 }
 
 /// The states of the copies the fill controller has work for: every copy not yet whole, and

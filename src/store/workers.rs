@@ -40,12 +40,23 @@ pub async fn get(db: impl PgExecutor<'_>, workspace: Uuid, name: &str) -> sqlx::
         .await
 }
 
+/// A worker that mounts a drive, as the drive lists it.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct DriveUser {
+    pub name: String,
+    pub run_name: String,
+    pub state: WorkerState,
+    pub machine: Option<String>,
+}
+
 /// Workers that mount the drive and have not ended, oldest first.
-pub async fn using_drive(db: impl PgExecutor<'_>, drive: Uuid) -> sqlx::Result<Vec<WorkerRecord>> {
-    sqlx::query_as(&format!(
-        "{SELECT} JOIN run_mounts m ON m.run_id = w.run_id
-         WHERE m.drive_id = $1 AND w.state NOT IN ('Completed', 'Failed') ORDER BY w.id"
-    ))
+pub async fn using_drive(db: impl PgExecutor<'_>, drive: Uuid) -> sqlx::Result<Vec<DriveUser>> {
+    sqlx::query_as(
+        "SELECT w.name, r.name AS run_name, w.state, mc.name AS machine
+         FROM run_mounts m JOIN runs r ON r.id = m.run_id JOIN workers w ON w.run_id = m.run_id
+         LEFT JOIN machines mc ON mc.id = w.machine_id
+         WHERE m.drive_id = $1 AND w.state NOT IN ('Completed', 'Failed') ORDER BY w.id",
+    )
     .bind(drive)
     .fetch_all(db)
     .await

@@ -22,7 +22,9 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let db = store::connect(args.database.url.expose_secret(), args.database.max_connections).await?;
     let listener =
         TcpListener::bind(args.listen).await.with_context(|| format!("cannot listen on {}", args.listen))?;
-    let app = AppState::new(db, Arc::new(keys)).with_rate_limit(args.rate_limit_per_token);
+    let app = AppState::new(db, Arc::new(keys))
+        .with_rate_limit(args.rate_limit_per_token)
+        .with_max_in_flight(args.max_requests_in_flight);
     let stop = CancellationToken::new();
     let loops = start_loops(&app, &args.controllers, &stop);
     tokio::spawn({

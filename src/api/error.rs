@@ -34,6 +34,8 @@ pub enum ApiError {
     TooManyRequests(std::time::Duration),
     #[error("the database is unavailable")]
     Unavailable(#[source] sqlx::Error),
+    #[error("the server is at its limit of {0} requests in progress: retry in 1 s")]
+    Overloaded(usize),
     #[error("internal error")]
     Internal(anyhow::Error),
 }
@@ -48,7 +50,7 @@ pub struct ErrorBody {
 pub struct ErrorDetail {
     /// Stable, machine-readable: `bad_request`, `unauthorized`, `forbidden`, `not_found`,
     /// `method_not_allowed`, `conflict`, `gone`, `too_many_requests`, `payload_too_large`, `unsupported_media_type`,
-    /// `invalid`, `unavailable`, `internal`.
+    /// `invalid`, `unavailable`, `overloaded`, `internal`.
     pub code: &'static str,
     pub message: String,
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -80,6 +82,7 @@ impl ApiError {
             ApiError::Invalid(_) => (StatusCode::UNPROCESSABLE_ENTITY, "invalid"),
             ApiError::TooManyRequests(_) => (StatusCode::TOO_MANY_REQUESTS, "too_many_requests"),
             ApiError::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
+            ApiError::Overloaded(_) => (StatusCode::SERVICE_UNAVAILABLE, "overloaded"),
             ApiError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
         }
     }
@@ -130,6 +133,7 @@ impl IntoResponse for ApiError {
         let (status, code) = self.parts();
         let retry_after = match &self {
             ApiError::TooManyRequests(wait) => Some(wait.as_secs().max(1).to_string()),
+            ApiError::Overloaded(_) => Some("1".to_owned()),
             _ => None,
         };
         let (message, fields) = match self {

@@ -14,6 +14,7 @@ pub mod logs;
 pub mod machines;
 pub mod meta;
 pub mod org;
+pub mod overload;
 pub mod runs;
 pub mod secrets;
 pub mod tokens;
@@ -51,6 +52,8 @@ pub struct AppState {
     pub keys: Arc<Keys>,
     pub hub: Arc<Hub>,
     pub limiter: limit::Limiter,
+    /// User-API requests in progress at most ([`overload`]); 0 for no cap.
+    pub max_in_flight: usize,
 }
 
 /// Requests a second one token may make, by default.
@@ -65,12 +68,19 @@ impl AppState {
             keys,
             hub: Arc::new(Hub::default()),
             limiter: limit::Limiter::per_token(DEFAULT_RATE_LIMIT),
+            max_in_flight: overload::DEFAULT_MAX_IN_FLIGHT,
         }
     }
 
     /// Another per-token rate limit; 0 turns it off.
     pub fn with_rate_limit(mut self, per_second: u32) -> AppState {
         self.limiter = limit::Limiter::per_token(per_second);
+        self
+    }
+
+    /// Another cap on user-API requests in progress; 0 turns it off.
+    pub fn with_max_in_flight(mut self, max: usize) -> AppState {
+        self.max_in_flight = max;
         self
     }
 }
@@ -132,7 +142,8 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
 }
 
 /// Documents, on every operation they apply to, the answers that come from the shared
-/// extractors rather than the handler: a missing or bad token and the rate limit ([`caller`]), a
+/// extractors and layers rather than the handler: a missing or bad token and the rate limit
+/// ([`caller`]), the cap on requests in progress ([`overload`]) and the database unavailable, a
 /// query string that does not parse ([`extract::Params`]), a body that is not JSON, too large or
 /// not of its shape ([`extract::Body`]). An operation's own description of a status wins.
 fn document_shared_answers(spec: &mut utoipa::openapi::OpenApi) {
@@ -157,6 +168,12 @@ fn document_shared_answers(spec: &mut utoipa::openapi::OpenApi) {
                 .header("Retry-After", text("Seconds to wait before the next request"))
                 .build(),
         ),
+        (
+            "Unavailable",
+            error("The server is at its limit of requests in progress (`overloaded`), or its database is unavailable (`unavailable`)")
+                .header("Retry-After", text("Seconds to wait before trying again, when `overloaded`"))
+                .build(),
+        ),
         ("BadRequest", error("A query string or body that does not parse, or an unknown field").build()),
         ("PayloadTooLarge", error(&format!("The body is larger than {BODY_LIMIT} bytes")).build()),
         ("UnsupportedMediaType", error("The body is not sent as application/json").build()),
@@ -171,7 +188,7 @@ fn document_shared_answers(spec: &mut utoipa::openapi::OpenApi) {
         for op in ops.into_iter().flatten() {
             let mut answers = Vec::new();
             if op.security.as_ref().is_some_and(|s| !s.is_empty()) {
-                answers.extend([("401", "Unauthorized"), ("429", "TooManyRequests")]);
+                answers.extend([("401", "Unauthorized"), ("429", "TooManyRequests"), ("503", "Unavailable")]);
             }
             let query = op.parameters.iter().flatten().any(|p| p.parameter_in == ParameterIn::Query);
             if query || op.request_body.is_some() {
@@ -200,7 +217,7 @@ pub fn router(state: AppState) -> Router {
     crate::observe::handle();
     let (api, spec) = api();
     Router::new()
-        .merge(api)
+        .merge(overload::cap(api, state.max_in_flight))
         .merge(agent::router())
         .merge(SwaggerUi::new("/docs").url("/openapi.json", spec))
         .route("/metrics", get(crate::observe::scrape_as_admin))

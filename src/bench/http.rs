@@ -240,7 +240,7 @@ impl Outcome {
         all
     }
 
-    /// Requests answered per second of the phase.
+    /// Requests answered with success per second, from the first sent to the last answered.
     pub fn rate(&self) -> f64 {
         self.ok as f64 / self.elapsed.as_secs_f64()
     }
@@ -295,11 +295,11 @@ where
         while tasks.try_join_next().is_some() {}
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
-    let elapsed = start.elapsed().max(duration);
     // Those still in flight count, with their full latency, up to a limit.
     let _ =
         tokio::time::timeout(Duration::from_secs(30), async { while tasks.join_next().await.is_some() {} })
             .await;
+    let elapsed = start.elapsed().max(duration);
     let unfinished = tasks.len() as u64;
     tasks.abort_all();
     let lat = lat.iter().map(|l| l.lock().expect("not poisoned").clone()).collect();

@@ -115,7 +115,12 @@ impl Report {
             &mut t,
             [
                 &format!("API single-object p99 at {:.0} req/s", self.api.offered),
-                &format!("{:.2} ms", self.api.single.ms(0.99)),
+                &format!(
+                    "{:.2} ms ({:.0} req/s answered, {} refused or failed)",
+                    self.api.single.ms(0.99),
+                    self.api.achieved,
+                    self.api.errors
+                ),
                 &empty,
                 &format!("{:.1}", self.api.single.ms(0.99) / self.axum_empty_p99_ms),
                 &format!("≤ 5 ms: {}", verdict(self.api.single.ms(0.99) <= 5.0)),

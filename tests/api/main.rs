@@ -6,6 +6,7 @@ mod auth;
 mod drives;
 mod odd_input;
 mod openapi;
+mod overload;
 mod roles;
 mod runs;
 mod secrets;

@@ -29,6 +29,7 @@ export interface paths {
                 };
                 401: components["responses"]["Unauthorized"];
                 429: components["responses"]["TooManyRequests"];
+                503: components["responses"]["Unavailable"];
             };
         };
         put?: never;
@@ -84,6 +85,7 @@ export interface paths {
                     };
                 };
                 429: components["responses"]["TooManyRequests"];
+                503: components["responses"]["Unavailable"];
             };
         };
         delete?: never;
@@ -138,6 +140,7 @@ export interface paths {
                     };
                 };
                 429: components["responses"]["TooManyRequests"];
+                503: components["responses"]["Unavailable"];
             };
         };
         put?: never;
@@ -195,6 +198,7 @@ export interface paths {
                     };
                 };
                 429: components["responses"]["TooManyRequests"];
+                503: components["responses"]["Unavailable"];
             };
         };
         delete?: never;
@@ -253,6 +257,7 @@ export interface paths {
                     };
                 };
                 429: components["responses"]["TooManyRequests"];
+                503: components["responses"]["Unavailable"];
             };
         };
         options?: never;
@@ -317,6 +322,7 @@ export interface paths {
                     };
                 };
                 429: components["responses"]["TooManyRequests"];
+                503: components["responses"]["Unavailable"];
             };
         };
         put?: never;
@@ -383,6 +389,7 @@ export interface paths {
                     };
                 };
                 429: components["responses"]["TooManyRequests"];
+                503: components["responses"]["Unavailable"];
             };
         };
         delete?: never;
@@ -428,6 +435,7 @@ export interface paths {
                     };
                 };
                 429: components["responses"]["TooManyRequests"];
+                503: components["responses"]["Unavailable"];
             };
         };
         /** Drives cannot be replaced: delete the drive and create it again. */
@@ -470,6 +478,7 @@ export interface paths {
                     };
                 };
                 429: components["responses"]["TooManyRequests"];
+                503: components["responses"]["Unavailable"];
             };
         };
         post?: never;
@@ -520,6 +529,7 @@ export interface paths {
                     };
                 };
                 429: components["responses"]["TooManyRequests"];
+                503: components["responses"]["Unavailable"];
             };
         };
         options?: never;
@@ -564,6 +574,7 @@ export interface paths {
                     };
                 };
                 429: components["responses"]["TooManyRequests"];
+                503: components["responses"]["Unavailable"];
             };
         };
         trace?: never;
@@ -608,6 +619,7 @@ export interface paths {
                 };
                 401: components["responses"]["Unauthorized"];
                 429: components["responses"]["TooManyRequests"];
+                503: components["responses"]["Unavailable"];
             };
         };
         put?: never;
@@ -662,6 +674,7 @@ export interface paths {
                     };
                 };
                 429: components["responses"]["TooManyRequests"];
+                503: components["responses"]["Unavailable"];
             };
         };
         put?: never;
@@ -709,6 +722,7 @@ export interface paths {
                     };
                 };
                 429: components["responses"]["TooManyRequests"];
+                503: components["responses"]["Unavailable"];
             };
         };
         put?: never;
@@ -782,6 +796,7 @@ export interface paths {
                     };
                 };
                 429: components["responses"]["TooManyRequests"];
+                503: components["responses"]["Unavailable"];
             };
         };
         delete?: never;
@@ -847,6 +862,7 @@ export interface paths {
                     };
                 };
                 429: components["responses"]["TooManyRequests"];
+                503: components["responses"]["Unavailable"];
             };
         };
         put?: never;
@@ -913,6 +929,7 @@ export interface paths {
                     };
                 };
                 429: components["responses"]["TooManyRequests"];
+                503: components["responses"]["Unavailable"];
             };
         };
         delete?: never;
@@ -958,6 +975,7 @@ export interface paths {
                     };
                 };
                 429: components["responses"]["TooManyRequests"];
+                503: components["responses"]["Unavailable"];
             };
         };
         put?: never;
@@ -1000,6 +1018,7 @@ export interface paths {
                     };
                 };
                 429: components["responses"]["TooManyRequests"];
+                503: components["responses"]["Unavailable"];
             };
         };
         options?: never;
@@ -1044,6 +1063,7 @@ export interface paths {
                     };
                 };
                 429: components["responses"]["TooManyRequests"];
+                503: components["responses"]["Unavailable"];
             };
         };
         put?: never;
@@ -1111,6 +1131,7 @@ export interface paths {
                     };
                 };
                 429: components["responses"]["TooManyRequests"];
+                503: components["responses"]["Unavailable"];
             };
         };
         put?: never;
@@ -1169,6 +1190,7 @@ export interface paths {
                     };
                 };
                 429: components["responses"]["TooManyRequests"];
+                503: components["responses"]["Unavailable"];
             };
         };
         delete?: never;
@@ -1214,6 +1236,7 @@ export interface paths {
                     };
                 };
                 429: components["responses"]["TooManyRequests"];
+                503: components["responses"]["Unavailable"];
             };
         };
         put?: never;
@@ -1265,6 +1288,7 @@ export interface paths {
                     };
                 };
                 429: components["responses"]["TooManyRequests"];
+                503: components["responses"]["Unavailable"];
             };
         };
         options?: never;
@@ -1308,6 +1332,7 @@ export interface paths {
                     };
                 };
                 429: components["responses"]["TooManyRequests"];
+                503: components["responses"]["Unavailable"];
             };
         };
         put?: never;
@@ -1355,6 +1380,7 @@ export interface paths {
                     };
                 };
                 429: components["responses"]["TooManyRequests"];
+                503: components["responses"]["Unavailable"];
             };
         };
         delete?: never;
@@ -1412,6 +1438,7 @@ export interface paths {
                     };
                 };
                 429: components["responses"]["TooManyRequests"];
+                503: components["responses"]["Unavailable"];
             };
         };
         options?: never;
@@ -1457,6 +1484,7 @@ export interface paths {
                     };
                 };
                 429: components["responses"]["TooManyRequests"];
+                503: components["responses"]["Unavailable"];
             };
         };
         put?: never;
@@ -1514,6 +1542,7 @@ export interface paths {
                     };
                 };
                 429: components["responses"]["TooManyRequests"];
+                503: components["responses"]["Unavailable"];
             };
         };
         put?: never;
@@ -1560,6 +1589,7 @@ export interface paths {
                     };
                 };
                 429: components["responses"]["TooManyRequests"];
+                503: components["responses"]["Unavailable"];
             };
         };
         put?: never;
@@ -1615,6 +1645,7 @@ export interface paths {
                     };
                 };
                 429: components["responses"]["TooManyRequests"];
+                503: components["responses"]["Unavailable"];
             };
         };
         delete?: never;
@@ -1670,6 +1701,7 @@ export interface paths {
                     };
                 };
                 429: components["responses"]["TooManyRequests"];
+                503: components["responses"]["Unavailable"];
             };
         };
         /** Replace the host paths a workspace may use on a cluster. */
@@ -1727,6 +1759,7 @@ export interface paths {
                     };
                 };
                 429: components["responses"]["TooManyRequests"];
+                503: components["responses"]["Unavailable"];
             };
         };
         post?: never;
@@ -1849,7 +1882,7 @@ export interface components {
             /**
              * @description Stable, machine-readable: `bad_request`, `unauthorized`, `forbidden`, `not_found`,
              *     `method_not_allowed`, `conflict`, `gone`, `too_many_requests`, `payload_too_large`, `unsupported_media_type`,
-             *     `invalid`, `unavailable`, `internal`.
+             *     `invalid`, `unavailable`, `overloaded`, `internal`.
              */
             code: string;
             fields?: components["schemas"]["FieldError"][];
@@ -2358,6 +2391,17 @@ export interface components {
             headers: {
                 /** @description `Bearer` */
                 "WWW-Authenticate"?: string;
+                [name: string]: unknown;
+            };
+            content: {
+                "application/json": components["schemas"]["ErrorBody"];
+            };
+        };
+        /** @description The server is at its limit of requests in progress (`overloaded`), or its database is unavailable (`unavailable`) */
+        Unavailable: {
+            headers: {
+                /** @description Seconds to wait before trying again, when `overloaded` */
+                "Retry-After"?: string;
                 [name: string]: unknown;
             };
             content: {

@@ -76,12 +76,13 @@ pub async fn measure(
                         Some(c) => format!("/runs?limit=100&cursor={c}"),
                         None => "/runs?limit=100".to_owned(),
                     };
-                    return match api.get(&path).await {
-                        Ok(page) => {
+                    // Sent once, like the others: a refused page is an error, not retried.
+                    return match api.get_once(&path).await {
+                        Ok(Some(page)) => {
                             *cursor.lock().expect("not poisoned") = page["next"].as_str().map(str::to_owned);
                             true
                         }
-                        Err(_) => false,
+                        _ => false,
                     };
                 }
             };

@@ -118,6 +118,16 @@ impl Api {
         self.call(Method::DELETE, path, None).await.map(drop)
     }
 
+    /// A GET sent once, for load phases: the answer parsed when it is a success, else `None`.
+    pub async fn get_once(&self, path: &str) -> anyhow::Result<Option<Value>> {
+        let r = self.request(Method::GET, path).send().await?;
+        if !r.status().is_success() {
+            r.bytes().await?;
+            return Ok(None);
+        }
+        Ok(Some(r.json().await?))
+    }
+
     /// Sends a request and reads the whole answer; its status, for load phases.
     pub async fn status(
         &self,

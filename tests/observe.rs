@@ -144,6 +144,67 @@ async fn a_watch_from_a_compacted_version_answers_410(pool: PgPool) {
     cluster.stop().await;
 }
 
+/// The changes recorded after `version`, as (kind, name, type), oldest first.
+async fn changes_after(pool: &PgPool, version: i64) -> Vec<(String, String, String)> {
+    sqlx::query_as("SELECT kind, name, type FROM changes WHERE version > $1 ORDER BY version")
+        .bind(version)
+        .fetch_all(pool)
+        .await
+        .unwrap()
+}
+
+async fn latest(pool: &PgPool) -> i64 {
+    sqlx::query_scalar("SELECT COALESCE(max(version), 0) FROM changes").fetch_one(pool).await.unwrap()
+}
+
+#[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
+async fn one_statement_over_many_workers_records_each_worker_and_their_run_once(pool: PgPool) {
+    let cluster = Cluster::start(&pool).await;
+    let api = cluster.api.clone();
+    let mut big = run_mounting("wide", "true", &[], 64.0);
+    big["spec"]["replicas"] = serde_json::json!(3);
+    api.create_run(&big).await;
+    // No control loop may change the workers from here on.
+    cluster.stop().await;
+    let names = |c: &[(String, String, String)], kind: &str| -> Vec<String> {
+        let mut n: Vec<String> =
+            c.iter().filter(|(k, _, _)| k == kind).map(|(_, n, t)| format!("{n} {t}")).collect();
+        n.sort();
+        n
+    };
+
+    let before = latest(&pool).await;
+    sqlx::query("UPDATE workers SET reason = 'held for the test' WHERE name LIKE 'wide-%'")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let seen = changes_after(&pool, before).await;
+    assert_eq!(
+        names(&seen, "workers"),
+        ["wide-0 MODIFIED", "wide-1 MODIFIED", "wide-2 MODIFIED"],
+        "{seen:?}"
+    );
+    assert_eq!(names(&seen, "runs"), ["wide MODIFIED"], "{seen:?}");
+
+    // Nothing a person sees changed: the same reason again, or the log counters.
+    let before = latest(&pool).await;
+    sqlx::query("UPDATE workers SET reason = 'held for the test' WHERE name LIKE 'wide-%'")
+        .execute(&pool)
+        .await
+        .unwrap();
+    sqlx::query("UPDATE workers SET log_lines = log_lines + 10 WHERE name LIKE 'wide-%'")
+        .execute(&pool)
+        .await
+        .unwrap();
+    assert_eq!(changes_after(&pool, before).await, vec![]);
+
+    let before = latest(&pool).await;
+    sqlx::query("DELETE FROM workers WHERE name IN ('wide-1', 'wide-2')").execute(&pool).await.unwrap();
+    let seen = changes_after(&pool, before).await;
+    assert_eq!(names(&seen, "workers"), ["wide-1 DELETED", "wide-2 DELETED"], "{seen:?}");
+    assert_eq!(names(&seen, "runs"), ["wide MODIFIED"], "{seen:?}");
+}
+
 #[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
 async fn an_unschedulable_worker_carries_the_summarised_reasons_as_an_event(pool: PgPool) {
     let mut cluster = Cluster::start(&pool).await;

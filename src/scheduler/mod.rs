@@ -8,6 +8,7 @@ pub mod score;
 pub mod select;
 pub mod snapshot;
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,7 +21,7 @@ use crate::controllers::fill;
 use crate::hub::Hub;
 use crate::store::{
     self,
-    workers::{Bind, Charge, PendingRow},
+    workers::{Bind, Charge, PendingRow, PendingRun},
 };
 use snapshot::{CopyState, CopyView, DriveNeed, MachineView, Request};
 
@@ -76,35 +77,40 @@ pub async fn tick(db: &PgPool) -> anyhow::Result<usize> {
 async fn pass(db: &PgPool) -> anyhow::Result<(usize, usize)> {
     let started = std::time::Instant::now();
     let mut tx = db.begin().await?;
-    let pending = store::workers::claim_pending(&mut tx, BATCH).await?;
+    let (pending, runs) = store::workers::claim_pending(&mut tx, BATCH).await?;
     if pending.is_empty() {
         return Ok((0, 0));
     }
     let mut machines = load_machines(&mut tx).await?;
     // Copies made whole during the pass are not: the index stays true for the whole pass.
     let warm = select::warm_index(&machines);
+    let requests: HashMap<Uuid, Request> = runs.values().map(|r| (r.id, request(r))).collect();
+    // A fill is pinned to its machine, where the workers waiting for it lend it their share.
+    let fills: HashMap<Uuid, (Uuid, Uuid)> = runs
+        .values()
+        .filter_map(|r| {
+            let drive = r.fill_drive_id?;
+            let m = machines.iter().find(|m| requests[&r.id].selects(&m.name))?;
+            Some((r.id, (m.id, drive)))
+        })
+        .collect();
+    let lent =
+        store::workers::waiting_charges(&mut *tx, &fills.values().copied().collect::<Vec<_>>()).await?;
     // Decided one by one against the in-memory machines, written together at the end.
     let mut binds: Vec<Bind> = Vec::new();
     let mut used: (Vec<Uuid>, Vec<Uuid>) = (Vec::new(), Vec::new());
     let mut decided: HashMap<Uuid, (&PendingRow, String, BTreeMap<String, String>)> = HashMap::new();
     for w in &pending {
-        let task = &w.spec.0.task_template;
-        let mut request = Request {
-            cluster: w.spec.0.cluster.to_string(),
-            cpu_millis: task.requested_resources.cpu_cores.millis().into(),
-            memory_bytes: task.requested_resources.memory_bytes as i64,
-            gpus: task.requested_resources.gpus.into(),
-            selection: task.requested_resources.node_selection.clone(),
-            drives: w.drives.0.clone(),
+        // A run deleted since its workers were claimed has none left to place.
+        let Some(request) = requests.get(&w.run_id) else {
+            continue;
         };
-        // A fill is pinned to its machine, where the workers waiting for it lend it their share.
-        if let Some(drive) = w.fill_drive_id {
-            if let Some(m) = machines.iter().find(|m| request.selects(&m.name)) {
-                let lent = store::workers::waiting_charge(&mut *tx, m.id, drive).await?;
-                request.cpu_millis = (request.cpu_millis - lent.cpu_millis).max(0);
-                request.memory_bytes = (request.memory_bytes - lent.memory_bytes).max(0);
-                request.gpus = (request.gpus - lent.gpus).max(0);
-            }
+        let mut request = Cow::Borrowed(request);
+        if let Some(lent) = fills.get(&w.run_id).and_then(|pair| lent.get(pair)) {
+            let r = request.to_mut();
+            r.cpu_millis = (r.cpu_millis - lent.cpu_millis).max(0);
+            r.memory_bytes = (r.memory_bytes - lent.memory_bytes).max(0);
+            r.gpus = (r.gpus - lent.gpus).max(0);
         }
         let choice = match select::select(&machines, &request, &select::warm_for(&warm, &request)) {
             Ok(c) => c,
@@ -182,6 +188,19 @@ async fn pass(db: &PgPool) -> anyhow::Result<(usize, usize)> {
     metrics::counter!("astraeus_placements_total").increment(placed as u64);
     metrics::histogram!("astraeus_scheduler_pass_seconds").record(started.elapsed().as_secs_f64());
     Ok((placed, pending.len()))
+}
+
+/// What each worker of the run asks for.
+fn request(run: &PendingRun) -> Request {
+    let task = &run.spec.0.task_template;
+    Request {
+        cluster: run.spec.0.cluster.to_string(),
+        cpu_millis: task.requested_resources.cpu_cores.millis().into(),
+        memory_bytes: task.requested_resources.memory_bytes as i64,
+        gpus: task.requested_resources.gpus.into(),
+        selection: task.requested_resources.node_selection.clone(),
+        drives: run.drives.0.clone(),
+    }
 }
 
 async fn event(

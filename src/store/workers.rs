@@ -1,5 +1,7 @@
 //! The `workers` table: one row per `<run>-<index>`.
 
+use std::collections::HashMap;
+
 use chrono::{DateTime, Utc};
 use sqlx::types::Json;
 use sqlx::{PgConnection, PgExecutor};
@@ -271,10 +273,17 @@ pub async fn assigned_to(db: impl PgExecutor<'_>, machine: Uuid) -> sqlx::Result
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct PendingRow {
     pub id: Uuid,
+    pub run_id: Uuid,
     pub workspace_id: Uuid,
     pub name: String,
     pub reason: String,
     pub created_at: DateTime<Utc>,
+}
+
+/// What the scheduler needs of a run with claimed workers, read once however many they are.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct PendingRun {
+    pub id: Uuid,
     pub spec: Json<RunSpec>,
     /// The drives the run mounts, as the scheduler needs them.
     pub drives: Json<Vec<crate::scheduler::snapshot::DriveNeed>>,
@@ -282,10 +291,26 @@ pub struct PendingRow {
     pub fill_drive_id: Option<Uuid>,
 }
 
-/// Fills' workers first: they unblock the workers waiting for them.
-pub async fn claim_pending(tx: &mut PgConnection, limit: i64) -> sqlx::Result<Vec<PendingRow>> {
-    sqlx::query_as(
-        "SELECT w.id, w.workspace_id, w.name, w.reason, w.created_at, r.spec, r.fill_drive_id,
+/// Claims up to `limit` Pending workers, fills' workers first (they unblock the workers
+/// waiting for them), and reads their runs.
+pub async fn claim_pending(
+    tx: &mut PgConnection,
+    limit: i64,
+) -> sqlx::Result<(Vec<PendingRow>, HashMap<Uuid, PendingRun>)> {
+    let workers: Vec<PendingRow> = sqlx::query_as(
+        "SELECT w.id, w.run_id, w.workspace_id, w.name, w.reason, w.created_at
+         FROM workers w JOIN runs r ON r.id = w.run_id
+         WHERE w.state = 'Pending'
+         ORDER BY r.fill_drive_id IS NULL, w.created_at, w.id LIMIT $1 FOR UPDATE OF w SKIP LOCKED",
+    )
+    .bind(limit)
+    .fetch_all(&mut *tx)
+    .await?;
+    let mut ids: Vec<Uuid> = workers.iter().map(|w| w.run_id).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    let runs: Vec<PendingRun> = sqlx::query_as(
+        "SELECT r.id, r.spec, r.fill_drive_id,
              COALESCE((SELECT jsonb_agg(jsonb_build_object(
                      'id', d.id, 'name', d.name, 'full', s.name || '.' || d.name,
                      'scope', d.spec #>> '{sources,0,node_scope}', 'node', d.spec #>> '{sources,0,node}',
@@ -294,28 +319,40 @@ pub async fn claim_pending(tx: &mut PgConnection, limit: i64) -> sqlx::Result<Ve
                      'evictable', COALESCE((d.spec ->> 'evictable')::boolean, false)) ORDER BY d.name)
                  FROM run_mounts m JOIN drives d ON d.id = m.drive_id JOIN workspaces s ON s.id = d.workspace_id
                  WHERE m.run_id = r.id), '[]'::jsonb) AS drives
-         FROM workers w JOIN runs r ON r.id = w.run_id
-         WHERE w.state = 'Pending'
-         ORDER BY r.fill_drive_id IS NULL, w.created_at, w.id LIMIT $1 FOR UPDATE OF w SKIP LOCKED",
+         FROM runs r WHERE r.id = ANY($1)",
     )
-    .bind(limit)
+    .bind(&ids)
     .fetch_all(&mut *tx)
-    .await
+    .await?;
+    Ok((workers, runs.into_iter().map(|r| (r.id, r)).collect()))
 }
 
-/// What the workers waiting on the machine for a drive hold: they lend it to the drive's fill.
-pub async fn waiting_charge(db: impl PgExecutor<'_>, machine: Uuid, drive: Uuid) -> sqlx::Result<Charge> {
-    let (cpu, memory, gpus): (i64, i64, i64) = sqlx::query_as(
-        "SELECT COALESCE(sum(w.cpu_charged), 0)::bigint, COALESCE(sum(w.memory_charged), 0)::bigint,
-                COALESCE(sum(w.gpus_charged), 0)::bigint
-         FROM workers w JOIN run_mounts m ON m.run_id = w.run_id
-         WHERE w.machine_id = $1 AND m.drive_id = $2 AND w.state = 'Preparing' AND NOT w.released",
+/// What the workers waiting on each machine for each drive hold, by (machine, drive): they lend
+/// it to the drive's fill there. A pair nobody waits on is left out.
+pub async fn waiting_charges(
+    db: impl PgExecutor<'_>,
+    pairs: &[(Uuid, Uuid)],
+) -> sqlx::Result<HashMap<(Uuid, Uuid), Charge>> {
+    if pairs.is_empty() {
+        return Ok(HashMap::new());
+    }
+    let (machines, drives): (Vec<Uuid>, Vec<Uuid>) = pairs.iter().copied().unzip();
+    let rows: Vec<(Uuid, Uuid, i64, i64, i64)> = sqlx::query_as(
+        "SELECT t.machine, t.drive, sum(w.cpu_charged)::bigint, sum(w.memory_charged)::bigint,
+                sum(w.gpus_charged)::bigint
+         FROM unnest($1::uuid[], $2::uuid[]) AS t(machine, drive)
+         JOIN workers w ON w.machine_id = t.machine AND w.state = 'Preparing' AND NOT w.released
+         JOIN run_mounts m ON m.run_id = w.run_id AND m.drive_id = t.drive
+         GROUP BY t.machine, t.drive",
     )
-    .bind(machine)
-    .bind(drive)
-    .fetch_one(db)
+    .bind(&machines)
+    .bind(&drives)
+    .fetch_all(db)
     .await?;
-    Ok(Charge { cpu_millis: cpu, memory_bytes: memory, gpus })
+    Ok(rows
+        .into_iter()
+        .map(|(m, d, cpu_millis, memory_bytes, gpus)| ((m, d), Charge { cpu_millis, memory_bytes, gpus }))
+        .collect())
 }
 
 /// Releases the machine's waiting workers whose placed drives all have whole copies there;

@@ -268,11 +268,14 @@ async fn against(
         eprintln!("==> copy complete → start: {} samples", plan.samples);
         let copy = copy_start::measure(&api, &fleet, plan.samples, plan.drives).await?;
         eprintln!(
-            "  p50 {:.2} ms, p99 {:.2} ms ({} samples, {} missing)",
+            "  p50 {:.2} ms, p99 {:.2} ms ({} samples, {} missing); {} at once: p50 {:.2} ms, p99 {:.2} ms",
             copy.lat.ms(0.5),
             copy.lat.ms(0.99),
             copy.samples,
-            copy.missing
+            copy.missing,
+            copy_start::BURST,
+            copy.burst.ms(0.5),
+            copy.burst.ms(0.99)
         );
         lap("copy complete to start", phases);
 

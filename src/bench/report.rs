@@ -4,7 +4,7 @@
 use serde_json::{Value, json};
 
 use super::api_load::{ApiLatency, KINDS};
-use super::copy_start::CopyStart;
+use super::copy_start::{BURST, CopyStart, RATE as COPY_RATE};
 use super::heartbeats::Heartbeats;
 use super::placement::Placement;
 
@@ -166,11 +166,24 @@ impl Report {
         line(
             &mut t,
             [
-                &format!("copy complete → start, p50 / p99 ({} samples)", self.copy.samples),
+                &format!(
+                    "copy complete → start, p50 / p99 ({} samples, {:.0} a second)",
+                    self.copy.samples, COPY_RATE
+                ),
                 &format!("{:.2} / {:.2} ms", self.copy.lat.ms(0.5), self.copy.lat.ms(0.99)),
                 &empty,
                 &format!("{:.1}", self.copy.lat.ms(0.99) / self.axum_empty_p99_ms),
                 &format!("p99 ≤ 20 ms: {}", verdict(self.copy.lat.ms(0.99) <= 20.0)),
+            ],
+        );
+        line(
+            &mut t,
+            [
+                &format!("  the same, {BURST} copies completing at once, p50 / p99"),
+                &format!("{:.2} / {:.2} ms", self.copy.burst.ms(0.5), self.copy.burst.ms(0.99)),
+                &empty,
+                &format!("{:.1}", self.copy.burst.ms(0.99) / self.axum_empty_p99_ms),
+                "",
             ],
         );
         line(
@@ -224,12 +237,19 @@ impl Report {
             ));
         }
         d.push_str(&format!(
-            "copy complete → start: {} samples, {} missing, p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms\n",
+            "copy complete → start: {} samples offered {:.0} a second, {} missing, p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms; \
+             {} at once: {} missing, p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms\n",
             self.copy.samples,
+            COPY_RATE,
             self.copy.missing,
             self.copy.lat.ms(0.5),
             self.copy.lat.ms(0.99),
-            self.copy.lat.ms(1.0)
+            self.copy.lat.ms(1.0),
+            BURST,
+            self.copy.burst_missing,
+            self.copy.burst.ms(0.5),
+            self.copy.burst.ms(0.99),
+            self.copy.burst.ms(1.0)
         ));
         d.push_str(&format!(
             "server RSS after placement {:.0} MiB, peak {:.0} MiB\n",
@@ -292,7 +312,12 @@ impl Report {
                 "offered_per_s": s.offered, "answered_per_s": s.achieved, "p50_ms": s.p50_ms, "p99_ms": s.p99_ms,
                 "errors": s.errors, "dropped": s.dropped, "sustained": s.pass,
             })).collect::<Vec<_>>(),
-            "copy_complete_to_start": {"samples": self.copy.samples, "missing": self.copy.missing, "max_ms": self.copy.lat.ms(1.0)},
+            "copy_complete_to_start": {
+                "samples": self.copy.samples, "offered_per_s": COPY_RATE, "missing": self.copy.missing,
+                "max_ms": self.copy.lat.ms(1.0),
+                "burst": {"probes": BURST, "missing": self.copy.burst_missing, "p50_ms": self.copy.burst.ms(0.5),
+                          "p99_ms": self.copy.burst.ms(0.99), "max_ms": self.copy.burst.ms(1.0)},
+            },
             "server_rss_after_placement_mib": self.rss_after_placement_mib,
             "config": {
                 "command": self.command, "host": self.host, "postgres": self.postgres,

@@ -164,7 +164,9 @@ pub async fn beat_if_unchanged(
 }
 
 /// Writes a batch of heartbeats answered from memory: each machine's liveness and usage, in
-/// one statement that locks the machines in id order like every other transaction.
+/// one statement that locks the machines in id order like every other transaction. The locked
+/// rows carry their values, so the update joins them with `machines` by its key alone: a join
+/// of two CTEs has no index and went by nested loop, 10,000 machines squared.
 pub async fn beat_all(
     db: impl PgExecutor<'_>,
     ids: &[Uuid],
@@ -175,12 +177,14 @@ pub async fn beat_all(
     let used: Vec<i64> = usage.iter().map(|u| u.used_bytes).collect();
     let free: Vec<i64> = usage.iter().map(|u| u.free_bytes).collect();
     sqlx::query(
-        "WITH b AS (SELECT * FROM unnest($1::uuid[], $2::timestamptz[], $3::bigint[], $4::bigint[], $5::bigint[])
-                    AS b(id, at, total, used, free)),
-              locked AS (SELECT m.id FROM machines m JOIN b ON b.id = m.id ORDER BY m.id FOR UPDATE OF m)
-         UPDATE machines m SET last_heartbeat_at = b.at,
-             data_total_bytes = b.total, data_used_bytes = b.used, data_free_bytes = b.free
-         FROM b, locked WHERE m.id = b.id AND locked.id = b.id AND m.last_heartbeat_at < b.at",
+        "WITH locked AS (
+             SELECT m.id, b.at, b.total, b.used, b.free
+             FROM machines m JOIN unnest($1::uuid[], $2::timestamptz[], $3::bigint[], $4::bigint[], $5::bigint[])
+                 AS b(id, at, total, used, free) ON b.id = m.id
+             ORDER BY m.id FOR UPDATE OF m)
+         UPDATE machines m SET last_heartbeat_at = l.at,
+             data_total_bytes = l.total, data_used_bytes = l.used, data_free_bytes = l.free
+         FROM locked l WHERE m.id = l.id AND m.last_heartbeat_at < l.at",
     )
     .bind(ids)
     .bind(at)

@@ -1,6 +1,6 @@
 //! The fill controller: exactly one fill run per drive and machine that needs a copy, filled
 //! again when the copy is still not whole, and the waiting workers released when it is.
-//! `plan` decides; this shell reads what it needs and applies the changes in one transaction.
+//! `plan` decides; this shell reads what it needs and applies a batch of changes per transaction.
 
 pub mod plan;
 
@@ -17,6 +17,9 @@ use crate::hub;
 use crate::scheduler::snapshot::CopyState;
 use crate::store;
 use plan::{Change, Fill, Waiting};
+
+/// Changes applied per transaction, besides releases.
+const MAX_CHANGES: usize = 256;
 
 /// Applies one round of changes; returns how many, and when a refill falls due.
 pub async fn tick(db: &PgPool, refill_after: Duration) -> anyhow::Result<(usize, Option<Duration>)> {
@@ -47,6 +50,7 @@ pub async fn tick(db: &PgPool, refill_after: Duration) -> anyhow::Result<(usize,
         })
         .collect();
     let (changes, next) = plan::plan(&waiting, &copies, &fills, Utc::now(), refill_after);
+    let changes = plan::batch(changes, MAX_CHANGES);
     for change in &changes {
         apply(&mut tx, change).await?;
     }

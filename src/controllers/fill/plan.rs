@@ -137,12 +137,42 @@ fn failed_reason(w: &Waiting, f: &Fill) -> String {
     format!("{}{FAILED}, read its logs: astra astraeus logs {}", base_reason(w), f.last_worker)
 }
 
+/// The changes one transaction applies: every release (they start waiting workers and are
+/// cheap) and at most `most` of the rest. A fleet joining at once needs tens of thousands of
+/// fills; one transaction for all of them would hold its locks for minutes, and the rest of
+/// the changes wait for the next round, which comes at once.
+pub fn batch(changes: Vec<Change>, most: usize) -> Vec<Change> {
+    let (releases, mut rest): (Vec<Change>, Vec<Change>) =
+        changes.into_iter().partition(|c| matches!(c, Change::Release { .. }));
+    rest.truncate(most);
+    rest.extend(releases);
+    rest
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use chrono::TimeZone;
 
     const MIN: Duration = Duration::from_secs(60);
+
+    #[test]
+    fn a_batch_keeps_every_release_and_the_first_of_the_rest() {
+        let mut changes: Vec<Change> =
+            (0..5).map(|n| Change::CreateFill { drive: id(n), machine: id(100) }).collect();
+        changes.push(Change::Release { machine: id(7) });
+        changes.push(Change::Release { machine: id(8) });
+        let kept = batch(changes, 2);
+        assert_eq!(
+            kept,
+            vec![
+                Change::CreateFill { drive: id(0), machine: id(100) },
+                Change::CreateFill { drive: id(1), machine: id(100) },
+                Change::Release { machine: id(7) },
+                Change::Release { machine: id(8) },
+            ]
+        );
+    }
 
     fn id(n: u128) -> Uuid {
         Uuid::from_u128(n)

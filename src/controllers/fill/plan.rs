@@ -84,11 +84,7 @@ pub fn plan(
             None => {
                 changes.insert(Change::EnsureCopy { drive, machine });
             }
-            Some(CopyState::Complete) => {
-                if !waits.is_empty() {
-                    changes.insert(Change::Release { machine });
-                }
-            }
+            Some(CopyState::Complete) => {}
             Some(CopyState::Evicting) => {}
             Some(CopyState::Filling) => match fill {
                 None if waits.is_empty() => {
@@ -120,6 +116,19 @@ pub fn plan(
                 }
                 Some(_) => {}
             },
+        }
+    }
+    // A worker starts when every drive it waits for is whole there; one still missing a copy
+    // keeps waiting, so its machine needs no release yet.
+    let mut whole: HashMap<Uuid, (Uuid, bool)> = HashMap::new();
+    for w in waiting {
+        let complete = copies.get(&(w.drive, w.machine)) == Some(&CopyState::Complete);
+        let entry = whole.entry(w.worker).or_insert((w.machine, true));
+        entry.1 &= complete;
+    }
+    for (machine, ready) in whole.into_values() {
+        if ready {
+            changes.insert(Change::Release { machine });
         }
     }
     (changes.into_iter().collect(), next)
@@ -219,6 +228,21 @@ mod tests {
     fn a_whole_copy_releases_its_waiting_workers() {
         let (changes, _) =
             run(&[waiting()], Some(CopyState::Complete), &[fill(RunState::Completed, Some(1))]);
+        assert_eq!(changes, vec![Change::Release { machine: id(2) }]);
+    }
+
+    #[test]
+    fn a_worker_waiting_for_two_drives_is_released_only_when_both_are_whole() {
+        let other = Waiting { drive: id(3), ..waiting() };
+        let filling = fill(RunState::Running, None);
+        let other_fill = Fill { run: id(6), drive: id(3), ..filling.clone() };
+        let fills = [filling, other_fill];
+        let copies = |second: CopyState| {
+            HashMap::from([((id(1), id(2)), CopyState::Complete), ((id(3), id(2)), second)])
+        };
+        let (changes, _) = plan(&[waiting(), other.clone()], &copies(CopyState::Filling), &fills, now(), MIN);
+        assert!(changes.is_empty(), "{changes:?}");
+        let (changes, _) = plan(&[waiting(), other], &copies(CopyState::Complete), &fills, now(), MIN);
         assert_eq!(changes, vec![Change::Release { machine: id(2) }]);
     }
 

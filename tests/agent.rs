@@ -328,17 +328,18 @@ async fn an_agent_killed_mid_fill_fills_again_and_the_copy_is_complete_only_with
         }))
         .await;
     cluster.api.create_run(&run_mounting("reader", "ls /data/ds", json!([{"name": "slow"}]))).await;
-    // The fill controller makes the fill run once the reader is placed.
-    eventually("the fill runs", || async {
-        if process_running("sleep 300.903") { Ok(()) } else { Err("not yet".into()) }
+    // The fill controller makes the fill run once the reader is placed. The shell's own command
+    // line holds the sleep too, so wait for the part it leaves, not for a process.
+    let data = cluster.agent("gpu-01").data.path().join("drives/default.slow");
+    let part = data.join("ds/attempt-1");
+    eventually("the first attempt leaves its part", || async {
+        if part.exists() { Ok(()) } else { Err("not yet".into()) }
     })
     .await;
-    wait_running(&cluster.api, "fill-slow-gpu-01-0", "sleep 300.903").await;
 
     cluster.agent("gpu-01").proc.kill();
     wait_gone("sleep 300.903").await;
-    let data = cluster.agent("gpu-01").data.path().join("drives/default.slow");
-    assert!(data.join("ds/attempt-1").exists() && !data.join(".astralyx-filled").exists());
+    assert!(part.exists() && !data.join(".astralyx-filled").exists());
     let drive = cluster.api.get("/drives/slow").await.expect(StatusCode::OK);
     assert_eq!(drive["copies"][0]["complete"], false, "{drive}");
     assert_eq!(cluster.api.worker("reader-0").await["status"]["state"], "Preparing");

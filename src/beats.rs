@@ -9,7 +9,7 @@
 //! anyway, which bounds how long a lost notification matters. A crash loses at most one
 //! batch of liveness, which the next heartbeat restores.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::hash::{Hash, Hasher};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -108,21 +108,28 @@ impl Beats {
         self.pending.lock().expect("not poisoned").insert(machine, (Utc::now(), *usage));
     }
 
-    /// Writes the queued heartbeats, [`CHUNK`] machines a statement; returns how many. A
-    /// statement holds its machines' rows until it ends, and a heartbeat that changes
-    /// something waits for its machine's row: ten thousand machines in one statement held
-    /// them all for a third of a second, every second.
+    /// Writes the queued heartbeats, [`CHUNK`] machines a statement; returns how many were
+    /// written. A machine whose row is held elsewhere is queued again for the next batch
+    /// (unless it beat again meanwhile), so no batch waits for a row; a machine deleted since
+    /// is dropped.
     pub async fn flush(&self, db: &PgPool) -> sqlx::Result<usize> {
         let mut batch: Vec<(Uuid, (DateTime<Utc>, Usage))> =
             self.pending.lock().expect("not poisoned").drain().collect();
         batch.sort_unstable_by_key(|(id, _)| *id);
+        let mut written = 0;
         for chunk in batch.chunks(CHUNK) {
             let ids: Vec<Uuid> = chunk.iter().map(|(id, _)| *id).collect();
             let at: Vec<DateTime<Utc>> = chunk.iter().map(|(_, (at, _))| *at).collect();
             let usage: Vec<Usage> = chunk.iter().map(|(_, (_, u))| *u).collect();
-            store::machines::beat_all(db, &ids, &at, &usage).await?;
+            let skipped: HashSet<Uuid> =
+                store::machines::beat_all(db, &ids, &at, &usage).await?.into_iter().collect();
+            written += chunk.len() - skipped.len();
+            let mut pending = self.pending.lock().expect("not poisoned");
+            for (id, beat) in chunk.iter().filter(|(id, _)| skipped.contains(id)) {
+                pending.entry(*id).or_insert(*beat);
+            }
         }
-        Ok(batch.len())
+        Ok(written)
     }
 
     /// Flushes every `every` until `stop`, then once more.

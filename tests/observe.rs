@@ -206,6 +206,59 @@ async fn one_statement_over_many_workers_records_each_worker_and_their_run_once(
 }
 
 #[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
+async fn a_heartbeat_batch_skips_a_machine_held_elsewhere_and_writes_it_with_the_next(pool: PgPool) {
+    let mut cluster = Cluster::start(&pool).await;
+    cluster.add_ready_machine("gpu-01").await;
+    cluster.add_ready_machine("gpu-02").await;
+    // Only this test's batches write liveness from here on.
+    cluster.stop().await;
+    let id = |name: &'static str| {
+        let pool = pool.clone();
+        async move {
+            sqlx::query_scalar::<_, uuid::Uuid>("SELECT id FROM machines WHERE name = $1")
+                .bind(name)
+                .fetch_one(&pool)
+                .await
+                .unwrap()
+        }
+    };
+    let (held, free) = (id("gpu-01").await, id("gpu-02").await);
+    let used = |machine: uuid::Uuid| {
+        let pool = pool.clone();
+        async move {
+            sqlx::query_scalar::<_, i64>("SELECT data_used_bytes FROM machines WHERE id = $1")
+                .bind(machine)
+                .fetch_one(&pool)
+                .await
+                .unwrap()
+        }
+    };
+    let beats = astraeus::beats::Beats::default();
+    let usage = astraeus::store::machines::Usage { total_bytes: 1000, used_bytes: 123, free_bytes: 877 };
+    beats.record(held, &usage);
+    beats.record(free, &usage);
+
+    let mut other = pool.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM machines WHERE id = $1 FOR UPDATE")
+        .bind(held)
+        .execute(&mut *other)
+        .await
+        .unwrap();
+    let written = tokio::time::timeout(Duration::from_secs(10), beats.flush(&pool))
+        .await
+        .expect("the batch does not wait for the held row")
+        .unwrap();
+    assert_eq!(written, 1);
+    assert_eq!(used(free).await, 123);
+    assert_ne!(used(held).await, 123);
+
+    other.commit().await.unwrap();
+    assert_eq!(beats.flush(&pool).await.unwrap(), 1, "the skipped machine is written with the next batch");
+    assert_eq!(used(held).await, 123);
+    assert_eq!(beats.flush(&pool).await.unwrap(), 0);
+}
+
+#[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
 async fn an_unschedulable_worker_carries_the_summarised_reasons_as_an_event(pool: PgPool) {
     let mut cluster = Cluster::start(&pool).await;
     cluster.add_ready_machine("gpu-01").await;

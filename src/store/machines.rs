@@ -163,37 +163,40 @@ pub async fn beat_if_unchanged(
     .await
 }
 
-/// Writes a batch of heartbeats answered from memory: each machine's liveness and usage, in
-/// one statement that locks the machines in id order like every other transaction. The locked
-/// rows carry their values, so the update joins them with `machines` by its key alone: a join
-/// of two CTEs has no index and went by nested loop, 10,000 machines squared.
+/// Writes a batch of heartbeats answered from memory: each machine's liveness and usage;
+/// returns the machines it skipped. A machine whose row another transaction holds is skipped,
+/// not waited for: the batch never joins a queue of heartbeats and placements behind one row,
+/// and the caller writes the skipped ones with the next batch. The locked rows carry their
+/// values, so the update joins them with `machines` by its key alone (a join of two CTEs has
+/// no index and went by nested loop, 10,000 machines squared).
 pub async fn beat_all(
     db: impl PgExecutor<'_>,
     ids: &[Uuid],
     at: &[chrono::DateTime<chrono::Utc>],
     usage: &[Usage],
-) -> sqlx::Result<()> {
+) -> sqlx::Result<Vec<Uuid>> {
     let total: Vec<i64> = usage.iter().map(|u| u.total_bytes).collect();
     let used: Vec<i64> = usage.iter().map(|u| u.used_bytes).collect();
     let free: Vec<i64> = usage.iter().map(|u| u.free_bytes).collect();
-    sqlx::query(
+    sqlx::query_scalar(
         "WITH locked AS (
              SELECT m.id, b.at, b.total, b.used, b.free
              FROM machines m JOIN unnest($1::uuid[], $2::timestamptz[], $3::bigint[], $4::bigint[], $5::bigint[])
                  AS b(id, at, total, used, free) ON b.id = m.id
-             ORDER BY m.id FOR UPDATE OF m)
-         UPDATE machines m SET last_heartbeat_at = l.at,
-             data_total_bytes = l.total, data_used_bytes = l.used, data_free_bytes = l.free
-         FROM locked l WHERE m.id = l.id AND m.last_heartbeat_at < l.at",
+             ORDER BY m.id FOR UPDATE OF m SKIP LOCKED),
+         written AS (
+             UPDATE machines m SET last_heartbeat_at = l.at,
+                 data_total_bytes = l.total, data_used_bytes = l.used, data_free_bytes = l.free
+             FROM locked l WHERE m.id = l.id AND m.last_heartbeat_at < l.at)
+         SELECT m.id FROM machines m WHERE m.id = ANY($1) AND m.id NOT IN (SELECT id FROM locked)",
     )
     .bind(ids)
     .bind(at)
     .bind(&total)
     .bind(&used)
     .bind(&free)
-    .execute(db)
+    .fetch_all(db)
     .await
-    .map(drop)
 }
 
 pub async fn get(db: impl PgExecutor<'_>, id: Uuid) -> sqlx::Result<Option<MachineRecord>> {

@@ -83,8 +83,11 @@ async fn pass(db: &PgPool) -> anyhow::Result<(usize, usize)> {
     }
     let mut machines = load_machines(&mut tx).await?;
     // Copies made whole during the pass are not: the index stays true for the whole pass.
-    let warm = select::warm_index(&machines);
+    let index = select::warm_index(&machines);
     let requests: HashMap<Uuid, Request> = runs.values().map(|r| (r.id, request(r))).collect();
+    // A run's workers mount the same drives: their warm machines are listed once.
+    let warm: HashMap<Uuid, Vec<usize>> =
+        requests.iter().map(|(id, r)| (*id, select::warm_for(&index, r))).collect();
     // A fill is pinned to its machine, where the workers waiting for it lend it their share.
     let fills: HashMap<Uuid, (Uuid, Uuid)> = runs
         .values()
@@ -112,7 +115,7 @@ async fn pass(db: &PgPool) -> anyhow::Result<(usize, usize)> {
             r.memory_bytes = (r.memory_bytes - lent.memory_bytes).max(0);
             r.gpus = (r.gpus - lent.gpus).max(0);
         }
-        let choice = match select::select(&machines, &request, &select::warm_for(&warm, &request)) {
+        let choice = match select::select(&machines, &request, &warm[&w.run_id]) {
             Ok(c) => c,
             Err(why) => {
                 if w.reason != why {

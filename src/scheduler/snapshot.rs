@@ -52,7 +52,7 @@ pub struct CopyView {
     pub bytes: i64,
     pub size_hint: i64,
     pub evictable: bool,
-    /// A worker that has not ended mounts it.
+    /// A worker that has not ended mounts it (known for drives with a whole, evictable copy).
     pub in_use: bool,
     pub last_used_at: Option<DateTime<Utc>>,
 }

@@ -297,15 +297,43 @@ pub async fn claim_pending(
     tx: &mut PgConnection,
     limit: i64,
 ) -> sqlx::Result<(Vec<PendingRow>, HashMap<Uuid, PendingRun>)> {
-    let workers: Vec<PendingRow> = sqlx::query_as(
-        "SELECT w.id, w.run_id, w.workspace_id, w.name, w.reason, w.created_at
-         FROM workers w JOIN runs r ON r.id = w.run_id
-         WHERE w.state = 'Pending'
-         ORDER BY r.fill_drive_id IS NULL, w.created_at, w.id LIMIT $1 FOR UPDATE OF w SKIP LOCKED",
+    // Fills' workers first: the workers waiting for a copy wait for them. Each step walks an
+    // index and stops at the limit; one sort of every Pending worker by "is a fill" took 50 ms
+    // with 100,000 of them.
+    let fills: Vec<Uuid> = sqlx::query_scalar(
+        "SELECT id FROM runs WHERE fill_drive_id IS NOT NULL AND state NOT IN ('Completed', 'Failed')",
     )
-    .bind(limit)
     .fetch_all(&mut *tx)
     .await?;
+    let mut workers: Vec<PendingRow> = if fills.is_empty() {
+        Vec::new()
+    } else {
+        sqlx::query_as(
+            "SELECT id, run_id, workspace_id, name, reason, created_at FROM workers
+             WHERE run_id = ANY($1) AND state = 'Pending'
+             ORDER BY created_at, id LIMIT $2 FOR UPDATE SKIP LOCKED",
+        )
+        .bind(&fills)
+        .bind(limit)
+        .fetch_all(&mut *tx)
+        .await?
+    };
+    let first: Vec<Uuid> = workers.iter().map(|w| w.id).collect();
+    let rest = limit - workers.len() as i64;
+    if rest > 0 {
+        // A fill's worker whose run the first step missed is claimed here, in turn.
+        workers.extend(
+            sqlx::query_as::<_, PendingRow>(
+                "SELECT id, run_id, workspace_id, name, reason, created_at FROM workers
+                 WHERE state = 'Pending' AND id <> ALL($1)
+                 ORDER BY created_at, id LIMIT $2 FOR UPDATE SKIP LOCKED",
+            )
+            .bind(&first)
+            .bind(rest)
+            .fetch_all(&mut *tx)
+            .await?,
+        );
+    }
     let mut ids: Vec<Uuid> = workers.iter().map(|w| w.run_id).collect();
     ids.sort_unstable();
     ids.dedup();

@@ -23,6 +23,7 @@ use crate::store::{
     self,
     workers::{Bind, Charge, PendingRow, PendingRun},
 };
+use score::Score;
 use snapshot::{CopyState, CopyView, DriveNeed, MachineView, Request};
 
 /// Workers claimed per transaction.
@@ -85,9 +86,9 @@ async fn pass(db: &PgPool) -> anyhow::Result<(usize, usize)> {
     // Copies made whole during the pass are not: the index stays true for the whole pass.
     let index = select::warm_index(&machines);
     let requests: HashMap<Uuid, Request> = runs.values().map(|r| (r.id, request(r))).collect();
-    // A run's workers mount the same drives: their warm machines are listed once.
-    let warm: HashMap<Uuid, Vec<usize>> =
-        requests.iter().map(|(id, r)| (*id, select::warm_for(&index, r))).collect();
+    // A run's workers ask for the same: their warm machines are ranked once.
+    let warm: HashMap<Uuid, Vec<(Score, usize)>> =
+        requests.iter().map(|(id, r)| (*id, select::warm_for(&machines, &index, r))).collect();
     // A fill is pinned to its machine, where the workers waiting for it lend it their share.
     let fills: HashMap<Uuid, (Uuid, Uuid)> = runs
         .values()
@@ -115,7 +116,16 @@ async fn pass(db: &PgPool) -> anyhow::Result<(usize, usize)> {
             r.memory_bytes = (r.memory_bytes - lent.memory_bytes).max(0);
             r.gpus = (r.gpus - lent.gpus).max(0);
         }
-        let choice = match select::select(&machines, &request, &warm[&w.run_id]) {
+        // A fill's worker asks for less than its run: its machines are ranked for what it asks.
+        let lent_warm;
+        let warm = match &request {
+            Cow::Borrowed(_) => &warm[&w.run_id],
+            Cow::Owned(r) => {
+                lent_warm = select::warm_for(&machines, &index, r);
+                &lent_warm
+            }
+        };
+        let choice = match select::select(&machines, &request, warm) {
             Ok(c) => c,
             Err(why) => {
                 if w.reason != why {

@@ -42,6 +42,14 @@ pub fn score(m: &MachineView, r: &Request) -> Score {
     }
 }
 
+/// The most `score(m, r)` can become later in the same pass: copies only leave (evicted),
+/// resources and data room only shrink as workers are bound, and a copy made for another
+/// worker can turn up as filling, at most for each of the run's drives not whole here.
+pub fn bound(m: &MachineView, r: &Request) -> Score {
+    let s = score(m, r);
+    Score { filling: r.placed().count() - s.complete, ..s }
+}
+
 /// kube-scheduler's LeastAllocated: the mean of the cpu and memory shares left free, 0–100.
 fn least_allocated(m: &MachineView, r: &Request) -> i64 {
     let left =

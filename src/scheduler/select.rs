@@ -1,11 +1,12 @@
 //! Choosing a machine: filter every machine, keep each rejection's reason, score the rest.
 
+use std::cmp::Reverse;
 use std::collections::HashMap;
 
 use uuid::Uuid;
 
 use super::filter::fits;
-use super::score::{Score, score};
+use super::score::{Score, bound, score};
 use super::snapshot::{CopyState, MachineView, Request};
 
 /// The machine chosen, with its score and the runner-up's, for the event that explains it.
@@ -17,17 +18,16 @@ pub struct Choice {
 }
 
 /// The best machine for `r`, or a reason that sums up every rejection (`0/3 machines are
-/// available: 2 Insufficient cpu (…), 1 NotReady`). `warm` lists, in index order, the machines that
-/// held a whole copy of a drive `r` mounts when the pass began (see [`warm_index`]). Scores
+/// available: 2 Insufficient cpu (…), 1 NotReady`). `warm` lists the machines that held a whole
+/// copy of a drive `r` mounts when the pass began, best bound first (see [`warm_for`]). Scores
 /// rank whole copies first, so when two of those machines fit with a whole copy, they outscore
 /// every other machine and the others are not looked at; the choice is the one a scan of every
 /// machine makes.
-pub fn select(machines: &[MachineView], r: &Request, warm: &[usize]) -> Result<Choice, String> {
-    let (best, second, _) = rank(machines, r, warm.iter().copied(), true);
-    if let (Some((score, index)), Some((s, i))) = (best, second) {
+pub fn select(machines: &[MachineView], r: &Request, warm: &[(Score, usize)]) -> Result<Choice, String> {
+    if let (Some((score, index)), Some((s, i))) = best_two_warm(machines, r, warm) {
         return Ok(Choice { index, score, runner_up: Some((i, s)) });
     }
-    let (best, second, reasons) = rank(machines, r, 0..machines.len(), false);
+    let (best, second, reasons) = rank(machines, r, 0..machines.len());
     if let Some((score, index)) = best {
         return Ok(Choice { index, score, runner_up: second.map(|(s, i)| (i, s)) });
     }
@@ -43,17 +43,44 @@ pub fn select(machines: &[MachineView], r: &Request, warm: &[usize]) -> Result<C
     Err(format!("0/{} machines are available: {}", machines.len(), parts.join(", ")))
 }
 
+/// The best and second-best fitting machines with a whole copy among `warm`, as a scan in
+/// index order would find them (higher score first, then lower index). The machines come best
+/// bound first, so the scan stops at the first whose bound cannot beat the runner-up.
+fn best_two_warm(
+    machines: &[MachineView],
+    r: &Request,
+    warm: &[(Score, usize)],
+) -> (Option<(Score, usize)>, Option<(Score, usize)>) {
+    let key = |(s, i): (Score, usize)| (s, Reverse(i));
+    let mut best: Option<(Score, usize)> = None;
+    let mut second: Option<(Score, usize)> = None;
+    for &(bound, i) in warm {
+        if second.is_some_and(|b| key((bound, i)) < key(b)) {
+            break;
+        }
+        let m = &machines[i];
+        if fits(m, r).is_err() {
+            continue;
+        }
+        let s = score(m, r);
+        if s.complete == 0 {
+            continue;
+        }
+        if best.is_none_or(|b| key((s, i)) > key(b)) {
+            second = best;
+            best = Some((s, i));
+        } else if second.is_none_or(|b| key((s, i)) > key(b)) {
+            second = Some((s, i));
+        }
+    }
+    (best, second)
+}
+
 type Ranked = (Option<(Score, usize)>, Option<(Score, usize)>, Vec<(String, usize)>);
 
 /// The best and second-best fitting machines among `indices` (the first wins a tie), and each
-/// rejection's reason with its count. With `whole_only`, only machines holding a whole copy
-/// of a drive `r` mounts count, and reasons are not kept.
-fn rank(
-    machines: &[MachineView],
-    r: &Request,
-    indices: impl Iterator<Item = usize>,
-    whole_only: bool,
-) -> Ranked {
+/// rejection's reason with its count.
+fn rank(machines: &[MachineView], r: &Request, indices: impl Iterator<Item = usize>) -> Ranked {
     let mut best: Option<(Score, usize)> = None;
     let mut second: Option<(Score, usize)> = None;
     let mut reasons: Vec<(String, usize)> = Vec::new();
@@ -62,9 +89,6 @@ fn rank(
         match fits(m, r) {
             Ok(()) => {
                 let s = score(m, r);
-                if whole_only && s.complete == 0 {
-                    continue;
-                }
                 if best.is_none_or(|(b, _)| s > b) {
                     second = best;
                     best = Some((s, i));
@@ -72,7 +96,6 @@ fn rank(
                     second = Some((s, i));
                 }
             }
-            Err(_) if whole_only => {}
             Err(why) => match reasons.iter_mut().find(|(w, _)| *w == why) {
                 Some((_, n)) => *n += 1,
                 None => reasons.push((why, 1)),
@@ -95,12 +118,20 @@ pub fn warm_index(machines: &[MachineView]) -> HashMap<Uuid, Vec<usize>> {
     index
 }
 
-/// The machines of `index` holding a whole copy of any drive `r` places, ascending.
-pub fn warm_for(index: &HashMap<Uuid, Vec<usize>>, r: &Request) -> Vec<usize> {
+/// The machines of `index` holding a whole copy of any drive `r` places, each with its
+/// [`bound`] for `r`, best bound first (then lower index). Bounds stay true for the whole pass,
+/// so the list is made once per pass for all the workers that ask for the same.
+pub fn warm_for(
+    machines: &[MachineView],
+    index: &HashMap<Uuid, Vec<usize>>,
+    r: &Request,
+) -> Vec<(Score, usize)> {
     let mut warm: Vec<usize> = r.placed().filter_map(|d| index.get(&d.id)).flatten().copied().collect();
     warm.sort_unstable();
     warm.dedup();
-    warm
+    let mut ranked: Vec<(Score, usize)> = warm.into_iter().map(|i| (bound(&machines[i], r), i)).collect();
+    ranked.sort_unstable_by_key(|&(s, i)| (Reverse(s), i));
+    ranked
 }
 
 #[cfg(test)]
@@ -171,6 +202,44 @@ mod tests {
         }
     }
 
+    /// A copy made for one run's worker raises that machine's score for another run that
+    /// mounts the same drive, in the same pass: its place in that run's warm list must allow
+    /// for it, or the runner-up comes out wrong.
+    #[test]
+    fn a_copy_made_for_one_run_counts_for_another_run_in_the_same_pass() {
+        let (whole, spare) = (0, true);
+        let mut ms: Vec<MachineView> = [
+            (3123, true, Some(0), vec![(1, whole, 2209, spare, false)]),
+            (2339, true, Some(537), vec![(0, whole, 0, false, false), (1, whole, 334, spare, false)]),
+            (1243, true, None, vec![(2, whole, 0, false, false), (1, whole, 0, false, false)]),
+        ]
+        .into_iter()
+        .enumerate()
+        .map(|(i, d)| drawn_machine(i, d))
+        .collect();
+        let run = |drives: [u8; 2]| Request { drives: drives.map(|n| drive(n, 0)).to_vec(), ..request(0) };
+        let (first, second) = (run([0, 2]), run([1, 2]));
+        let index = warm_index(&ms);
+        let warm = warm_for(&ms, &index, &second);
+
+        // The first run's worker goes to m1, which gets a copy of drive 2 to fill.
+        assert_eq!(select(&ms, &first, &warm_for(&ms, &index, &first)).map(|c| c.index), Ok(1));
+        let filling = CopyView {
+            state: CopyState::Filling,
+            bytes: 0,
+            size_hint: 0,
+            evictable: true,
+            in_use: true,
+            last_used_at: None,
+        };
+        ms[1].copies.insert(Uuid::from_u128(2), filling);
+
+        // For the second run m1 now has one copy whole and one filling: the runner-up, ahead of m0.
+        let choice = select(&ms, &second, &warm).unwrap();
+        assert_eq!((choice.index, choice.runner_up.map(|(i, _)| i)), (2, Some(1)));
+        assert_eq!(select(&ms, &second, &warm), select(&ms, &second, &[]));
+    }
+
     const STATES: [CopyState; 4] =
         [CopyState::Complete, CopyState::Filling, CopyState::Failed, CopyState::Evicting];
 
@@ -209,8 +278,56 @@ mod tests {
             let ms: Vec<MachineView> = drawn.into_iter().enumerate().map(|(i, d)| drawn_machine(i, d)).collect();
             let mut r = request(cpu);
             r.drives = mounts.into_iter().map(|(n, hint)| drive(n, hint)).collect();
-            let warm = warm_for(&warm_index(&ms), &r);
+            let warm = warm_for(&ms, &warm_index(&ms), &r);
             prop_assert_eq!(select(&ms, &r, &warm), select(&ms, &r, &[]));
+        }
+
+        /// The warm lists made when the pass begins still choose what a full scan does for
+        /// each worker of two runs in turn, as each bound worker takes its machine's resources
+        /// and has the copies it lacks made there (which the other run may mount too).
+        #[test]
+        fn the_warm_lists_of_a_pass_hold_for_every_worker_of_it(
+            drawn in prop::collection::vec(
+                (0i64..4000, prop::bool::weighted(0.9), prop::option::of(0i64..5_000),
+                 prop::collection::vec((0u8..4, 0usize..4, 0i64..3_000, any::<bool>(), any::<bool>()), 0..4)),
+                0..12),
+            mounts in prop::collection::vec(prop::collection::vec((0u8..4, 0i64..4_000), 1..3), 2),
+            cpu in prop::collection::vec(0i64..1500, 2),
+            workers in prop::collection::vec(0usize..2, 1..16),
+        ) {
+            let mut ms: Vec<MachineView> = drawn.into_iter().enumerate().map(|(i, d)| drawn_machine(i, d)).collect();
+            let runs: Vec<Request> = mounts
+                .into_iter()
+                .zip(cpu)
+                .map(|(mounts, cpu)| {
+                    let mut r = request(cpu);
+                    r.drives = mounts.into_iter().map(|(n, hint)| drive(n, hint)).collect();
+                    r
+                })
+                .collect();
+            let index = warm_index(&ms);
+            let warm: Vec<Vec<(Score, usize)>> = runs.iter().map(|r| warm_for(&ms, &index, r)).collect();
+            for run in workers {
+                let r = &runs[run];
+                let choice = select(&ms, r, &warm[run]);
+                prop_assert_eq!(&choice, &select(&ms, r, &[]));
+                let Ok(c) = choice else { continue };
+                let m = &mut ms[c.index];
+                m.take(r.cpu_millis, r.memory_bytes, r.gpus);
+                let lacking: Vec<DriveNeed> = r.placed().filter(|d| !m.copies.contains_key(&d.id)).cloned().collect();
+                for d in lacking {
+                    m.data_free = Some(m.data_free.unwrap_or(0) - d.size_hint);
+                    let c = CopyView {
+                        state: CopyState::Filling,
+                        bytes: 0,
+                        size_hint: d.size_hint,
+                        evictable: d.evictable,
+                        in_use: true,
+                        last_used_at: None,
+                    };
+                    m.copies.insert(d.id, c);
+                }
+            }
         }
     }
 }

@@ -91,7 +91,6 @@ pub async fn bind_all(tx: &mut PgConnection, binds: &[Bind]) -> sqlx::Result<Vec
         return Ok(vec![]);
     }
     let col = |f: fn(&Bind) -> i64| binds.iter().map(f).collect::<Vec<i64>>();
-    let workers: Vec<Uuid> = binds.iter().map(|b| b.worker).collect();
     let machines: Vec<Uuid> = binds.iter().map(|b| b.machine).collect();
     let (cpu, memory, gpus) =
         (col(|b| b.charge.cpu_millis), col(|b| b.charge.memory_bytes), col(|b| b.charge.gpus));
@@ -113,25 +112,35 @@ pub async fn bind_all(tx: &mut PgConnection, binds: &[Bind]) -> sqlx::Result<Vec
     .bind(&gpus)
     .fetch_all(&mut *tx)
     .await?;
-    let released: Vec<bool> = binds.iter().map(|b| b.released).collect();
-    let reasons: Vec<&str> = binds.iter().map(|b| b.reason.as_str()).collect();
+    // Only the workers of machines that took their charges; filtered here, not by
+    // `machine = ANY(taken)` in the statement, where a generic plan re-evaluated it for every
+    // Pending worker it joined: seconds of CPU with machine rows locked, at 3,000 machines.
+    let taken: std::collections::HashSet<Uuid> = taken.into_iter().collect();
+    let kept: Vec<&Bind> = binds.iter().filter(|b| taken.contains(&b.machine)).collect();
+    if kept.is_empty() {
+        return Ok(vec![]);
+    }
+    let col = |f: fn(&Bind) -> i64| kept.iter().map(|b| f(b)).collect::<Vec<i64>>();
+    let workers: Vec<Uuid> = kept.iter().map(|b| b.worker).collect();
+    let machines: Vec<Uuid> = kept.iter().map(|b| b.machine).collect();
+    let released: Vec<bool> = kept.iter().map(|b| b.released).collect();
+    let reasons: Vec<&str> = kept.iter().map(|b| b.reason.as_str()).collect();
     // The workers were claimed (locked) by this pass, so each is still Pending.
     sqlx::query_scalar(
         "UPDATE workers w SET machine_id = t.machine, state = 'Preparing', reason = t.reason,
              released = t.released, cpu_charged = t.cpu, memory_charged = t.mem, gpus_charged = t.gpus
          FROM unnest($1::uuid[], $2::uuid[], $3::bigint[], $4::bigint[], $5::bigint[], $6::bool[], $7::text[])
              AS t(id, machine, cpu, mem, gpus, released, reason)
-         WHERE w.id = t.id AND w.state = 'Pending' AND t.machine = ANY($8)
+         WHERE w.id = t.id AND w.state = 'Pending'
          RETURNING w.id",
     )
     .bind(&workers)
     .bind(&machines)
-    .bind(&cpu)
-    .bind(&memory)
-    .bind(&gpus)
+    .bind(col(|b| b.charge.cpu_millis))
+    .bind(col(|b| b.charge.memory_bytes))
+    .bind(col(|b| b.charge.gpus))
     .bind(&released)
     .bind(&reasons)
-    .bind(&taken)
     .fetch_all(&mut *tx)
     .await
 }

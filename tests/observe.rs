@@ -259,6 +259,41 @@ async fn a_heartbeat_batch_skips_a_machine_held_elsewhere_and_writes_it_with_the
 }
 
 #[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
+async fn heartbeats_do_not_wait_for_a_transaction_that_only_made_something_on_the_machine(pool: PgPool) {
+    let mut cluster = Cluster::start(&pool).await;
+    cluster.add_ready_machine("gpu-01").await;
+    cluster.api.create_drive(&food101()).await;
+    cluster.stop().await;
+    let machine: uuid::Uuid =
+        sqlx::query_scalar("SELECT id FROM machines WHERE name = 'gpu-01'").fetch_one(&pool).await.unwrap();
+    // A copy, a fill run or a bound worker made on the machine holds its row's foreign-key lock
+    // (KEY SHARE) until its transaction commits: a placement pass or a fill controller's round.
+    let mut other = pool.begin().await.unwrap();
+    sqlx::query(
+        "INSERT INTO copies (id, drive_id, machine_id, size_hint, evictable)
+         SELECT $1, id, $2, 0, true FROM drives WHERE name = 'food101'",
+    )
+    .bind(uuid::Uuid::now_v7())
+    .bind(machine)
+    .execute(&mut *other)
+    .await
+    .unwrap();
+
+    let usage = astraeus::store::machines::Usage { total_bytes: 1000, used_bytes: 123, free_bytes: 877 };
+    let wait = Duration::from_secs(10);
+    let beat = tokio::time::timeout(wait, astraeus::store::machines::heartbeat(&pool, machine, &usage))
+        .await
+        .expect("a heartbeat does not wait for the copy's transaction")
+        .unwrap();
+    assert_eq!(beat.map(|b| b.machine.data_used_bytes), Some(123));
+    let beats = astraeus::beats::Beats::default();
+    beats.record(machine, &astraeus::store::machines::Usage { used_bytes: 456, ..usage });
+    let written = tokio::time::timeout(wait, beats.flush(&pool)).await.unwrap().unwrap();
+    assert_eq!(written, 1, "the batch writes the machine instead of skipping it");
+    other.rollback().await.unwrap();
+}
+
+#[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
 async fn an_unschedulable_worker_carries_the_summarised_reasons_as_an_event(pool: PgPool) {
     let mut cluster = Cluster::start(&pool).await;
     cluster.add_ready_machine("gpu-01").await;

@@ -229,6 +229,12 @@ async fn fifty_runs_at_once_through_two_replicas_get_one_fill_and_never_overcomm
 
     assert_eq!(cluster.fill_runs().await, 1);
     assert_eq!(cluster.worker_names("fill-food101-gpu-01").await, ["fill-food101-gpu-01-0"]);
+    let events = a.get("/events?object=drive/food101").await.expect(StatusCode::OK);
+    let started: Vec<&serde_json::Value> =
+        events["items"].as_array().unwrap().iter().filter(|e| e["reason"] == "FillStarted").collect();
+    assert_eq!(started.len(), 1, "{events}");
+    assert_eq!(started[0]["message"], "fill run fill-food101-gpu-01 started on gpu-01");
+    assert_eq!(started[0]["count"], 1);
     let machines: Vec<Option<String>> = sqlx::query_scalar(
         "SELECT DISTINCT m.name FROM workers w LEFT JOIN machines m ON m.id = w.machine_id",
     )

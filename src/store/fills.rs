@@ -56,6 +56,8 @@ pub async fn unsettled(db: impl PgExecutor<'_>) -> sqlx::Result<Vec<FillRow>> {
 /// Everything a fill run is made from.
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct FillSource {
+    pub drive: Uuid,
+    pub machine: Uuid,
     pub workspace_id: Uuid,
     pub drive_name: String,
     pub drive_spec: Json<crate::domain::drive::DriveSpec>,
@@ -63,58 +65,84 @@ pub struct FillSource {
 }
 
 pub async fn source(db: impl PgExecutor<'_>, drive: Uuid, machine: Uuid) -> sqlx::Result<Option<FillSource>> {
+    Ok(sources(db, &[(drive, machine)]).await?.pop())
+}
+
+/// The sources of many `(drive, machine)` pairs in one query; pairs whose drive or machine is
+/// gone are left out.
+pub async fn sources(db: impl PgExecutor<'_>, pairs: &[(Uuid, Uuid)]) -> sqlx::Result<Vec<FillSource>> {
+    let (drives, machines): (Vec<Uuid>, Vec<Uuid>) = pairs.iter().copied().unzip();
     sqlx::query_as(
-        "SELECT d.workspace_id, d.name AS drive_name, d.spec AS drive_spec, m.name AS machine_name
-         FROM drives d, machines m WHERE d.id = $1 AND m.id = $2",
+        "SELECT d.id AS drive, m.id AS machine, d.workspace_id, d.name AS drive_name, d.spec AS drive_spec,
+             m.name AS machine_name
+         FROM unnest($1::uuid[], $2::uuid[]) AS t(drive, machine)
+         JOIN drives d ON d.id = t.drive JOIN machines m ON m.id = t.machine",
     )
-    .bind(drive)
-    .bind(machine)
-    .fetch_optional(db)
+    .bind(&drives)
+    .bind(&machines)
+    .fetch_all(db)
     .await
 }
 
-/// Creates the drive's one fill run on the machine, with its first worker Pending; `false` when
-/// it exists already (the unique index decides, whichever replica gets there first).
-pub async fn insert(
-    tx: &mut PgConnection,
-    workspace: Uuid,
-    name: &str,
-    spec: &RunSpec,
-    drive: Uuid,
-    machine: Uuid,
-) -> sqlx::Result<bool> {
-    let run: Option<Uuid> = sqlx::query_scalar(
-        "INSERT INTO runs (id, workspace_id, name, cluster, spec, fill_drive_id, fill_machine_id)
-         VALUES ($1, $2, $3, $4, $5, $6, $7)
-         ON CONFLICT (fill_drive_id, fill_machine_id) WHERE fill_drive_id IS NOT NULL DO NOTHING
-         RETURNING id",
-    )
-    .bind(Uuid::now_v7())
-    .bind(workspace)
-    .bind(name)
-    .bind(spec.cluster.as_str())
-    .bind(Json(spec))
-    .bind(drive)
-    .bind(machine)
-    .fetch_optional(&mut *tx)
-    .await?;
-    match run {
-        Some(run) => add_worker(tx, run).await.map(|_| true),
-        None => Ok(false),
-    }
+/// A fill run about to be created.
+pub struct NewFill {
+    pub workspace: Uuid,
+    pub name: String,
+    pub spec: RunSpec,
+    pub drive: Uuid,
+    pub machine: Uuid,
+    /// For the events that say it started.
+    pub drive_name: String,
+    pub machine_name: String,
 }
+
+/// Creates each drive's one fill run on its machine, with its first worker Pending, all in one
+/// statement; returns the `(drive, machine)` of those created. One that exists already is
+/// skipped: the unique index decides, whichever replica gets there first.
+pub async fn insert_all(tx: &mut PgConnection, fills: &[NewFill]) -> sqlx::Result<Vec<(Uuid, Uuid)>> {
+    if fills.is_empty() {
+        return Ok(vec![]);
+    }
+    let new_ids = || fills.iter().map(|_| Uuid::now_v7()).collect::<Vec<_>>();
+    sqlx::query_as(&format!(
+        "WITH t AS (SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $4::text[], $5::text[], $6::jsonb[],
+                                          $7::uuid[], $8::uuid[])
+                    AS t(run, worker, workspace, name, cluster, spec, drive, machine)),
+              r AS (INSERT INTO runs (id, workspace_id, name, cluster, spec, fill_drive_id, fill_machine_id)
+                    SELECT run, workspace, name, cluster, spec, drive, machine FROM t
+                    ON CONFLICT (fill_drive_id, fill_machine_id) WHERE fill_drive_id IS NOT NULL DO NOTHING
+                    RETURNING id, workspace_id, name, spec, fill_drive_id, fill_machine_id),
+              w AS (INSERT INTO workers (id, run_id, workspace_id, name, index, cpu_millis, memory_bytes, gpus)
+                    SELECT t.worker, r.id, r.workspace_id, r.name || '-0', 0, {RESOURCES}
+                    FROM r JOIN t ON t.run = r.id)
+         SELECT fill_drive_id, fill_machine_id FROM r"
+    ))
+    .bind(new_ids())
+    .bind(new_ids())
+    .bind(fills.iter().map(|f| f.workspace).collect::<Vec<_>>())
+    .bind(fills.iter().map(|f| f.name.as_str()).collect::<Vec<_>>())
+    .bind(fills.iter().map(|f| f.spec.cluster.as_str()).collect::<Vec<_>>())
+    .bind(fills.iter().map(|f| Json(&f.spec)).collect::<Vec<_>>())
+    .bind(fills.iter().map(|f| f.drive).collect::<Vec<_>>())
+    .bind(fills.iter().map(|f| f.machine).collect::<Vec<_>>())
+    .fetch_all(&mut *tx)
+    .await
+}
+
+/// A worker's resources, read from its run's spec `r.spec`.
+const RESOURCES: &str =
+    "round((r.spec #>> '{task_template,requested_resources,cpu_cores}')::numeric * 1000)::int,
+    (r.spec #>> '{task_template,requested_resources,memory_bytes}')::bigint,
+    COALESCE((r.spec #>> '{task_template,requested_resources,gpus}')::int, 0)";
 
 /// Adds the run's next worker (`<run>-<n>`), Pending, with the task's resources.
 pub async fn add_worker(tx: &mut PgConnection, run: Uuid) -> sqlx::Result<()> {
-    sqlx::query(
+    sqlx::query(&format!(
         "INSERT INTO workers (id, run_id, workspace_id, name, index, cpu_millis, memory_bytes, gpus)
-         SELECT $2, r.id, r.workspace_id, r.name || '-' || n.i, n.i,
-             round((r.spec #>> '{task_template,requested_resources,cpu_cores}')::numeric * 1000)::int,
-             (r.spec #>> '{task_template,requested_resources,memory_bytes}')::bigint,
-             COALESCE((r.spec #>> '{task_template,requested_resources,gpus}')::int, 0)
+         SELECT $2, r.id, r.workspace_id, r.name || '-' || n.i, n.i, {RESOURCES}
          FROM runs r, (SELECT COALESCE(max(index) + 1, 0) AS i FROM workers WHERE run_id = $1) n
-         WHERE r.id = $1",
-    )
+         WHERE r.id = $1"
+    ))
     .bind(run)
     .bind(Uuid::now_v7())
     .execute(&mut *tx)

@@ -108,12 +108,15 @@ pub struct Beat {
     pub old_state: String,
 }
 
-/// Records a heartbeat: the machine is Ready, with this data-location usage.
+/// Records a heartbeat: the machine is Ready, with this data-location usage. Its row is locked
+/// `FOR NO KEY UPDATE`, as an UPDATE locks it: a transaction that only refers to the machine
+/// (a copy, a bound worker or a fill run made there holds its foreign key's `KEY SHARE` lock
+/// until it commits) does not hold the heartbeat back.
 pub async fn heartbeat(db: impl PgExecutor<'_>, machine: Uuid, usage: &Usage) -> sqlx::Result<Option<Beat>> {
     sqlx::query_as(&format!(
         "UPDATE machines SET last_heartbeat_at = now(), state = 'Ready',
              data_total_bytes = $2, data_used_bytes = $3, data_free_bytes = $4
-         FROM (SELECT id AS old_id, state AS old_state FROM machines WHERE id = $1 FOR UPDATE) old
+         FROM (SELECT id AS old_id, state AS old_state FROM machines WHERE id = $1 FOR NO KEY UPDATE) old
          WHERE id = old.old_id
          RETURNING {COLUMNS}, old.old_state"
     ))
@@ -183,7 +186,7 @@ pub async fn beat_all(
              SELECT m.id, b.at, b.total, b.used, b.free
              FROM machines m JOIN unnest($1::uuid[], $2::timestamptz[], $3::bigint[], $4::bigint[], $5::bigint[])
                  AS b(id, at, total, used, free) ON b.id = m.id
-             ORDER BY m.id FOR UPDATE OF m SKIP LOCKED),
+             ORDER BY m.id FOR NO KEY UPDATE OF m SKIP LOCKED),
          written AS (
              UPDATE machines m SET last_heartbeat_at = l.at,
                  data_total_bytes = l.total, data_used_bytes = l.used, data_free_bytes = l.free

@@ -98,7 +98,7 @@ pub async fn bind_all(tx: &mut PgConnection, binds: &[Bind]) -> sqlx::Result<Vec
         "WITH t AS (SELECT machine, sum(cpu) AS cpu, sum(mem) AS mem, sum(gpu) AS gpu
                     FROM unnest($1::uuid[], $2::bigint[], $3::bigint[], $4::bigint[]) AS t(machine, cpu, mem, gpu)
                     GROUP BY machine),
-              locked AS (SELECT m.id FROM machines m JOIN t ON t.machine = m.id ORDER BY m.id FOR UPDATE OF m)
+              locked AS (SELECT m.id FROM machines m JOIN t ON t.machine = m.id ORDER BY m.id FOR NO KEY UPDATE OF m)
          UPDATE machines m SET cpu_alloc = m.cpu_alloc + t.cpu, memory_alloc = m.memory_alloc + t.mem,
              gpus_alloc = m.gpus_alloc + t.gpu
          FROM t, (SELECT count(*) FROM locked) AS l

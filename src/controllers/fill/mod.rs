@@ -4,7 +4,7 @@
 
 pub mod plan;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use chrono::Utc;
@@ -16,9 +16,12 @@ use crate::domain::task::{NodeSelection, SelectionMode};
 use crate::hub;
 use crate::scheduler::snapshot::CopyState;
 use crate::store;
+use crate::store::fills::{FillSource, NewFill};
 use plan::{Change, Fill, Waiting};
 
-/// Changes applied per transaction, besides releases.
+/// Fill runs created per transaction: a few statements, however many.
+const MAX_FILLS: usize = 4096;
+/// Other changes applied per transaction, besides releases: each is its own statements.
 const MAX_CHANGES: usize = 256;
 
 /// Applies one round of changes; returns how many, and when a refill falls due.
@@ -50,7 +53,15 @@ pub async fn tick(db: &PgPool, refill_after: Duration) -> anyhow::Result<(usize,
         })
         .collect();
     let (changes, next) = plan::plan(&waiting, &copies, &fills, Utc::now(), refill_after);
-    let changes = plan::batch(changes, MAX_CHANGES);
+    let changes = plan::batch(changes, MAX_FILLS, MAX_CHANGES);
+    let new: Vec<(uuid::Uuid, uuid::Uuid)> = changes
+        .iter()
+        .filter_map(|c| match *c {
+            Change::CreateFill { drive, machine } => Some((drive, machine)),
+            _ => None,
+        })
+        .collect();
+    create_fills(&mut tx, &new).await?;
     for change in &changes {
         apply(&mut tx, change).await?;
     }
@@ -64,7 +75,7 @@ pub async fn tick(db: &PgPool, refill_after: Duration) -> anyhow::Result<(usize,
 async fn apply(tx: &mut sqlx::PgConnection, change: &Change) -> anyhow::Result<()> {
     match *change {
         Change::EnsureCopy { drive, machine } => store::copies::ensure_for(&mut *tx, drive, machine).await?,
-        Change::CreateFill { drive, machine } => create_fill(tx, drive, machine).await?,
+        Change::CreateFill { .. } => {} // made together by `create_fills`
         Change::Refill { run, drive, machine } => {
             tracing::info!(%run, "the copy is still not whole: filling again");
             store::fills::add_worker(tx, run).await?;
@@ -99,27 +110,54 @@ async fn apply(tx: &mut sqlx::PgConnection, change: &Change) -> anyhow::Result<(
     Ok(())
 }
 
-/// `fill-<drive>-<machine>`: the drive's fill template, pinned to the machine.
-async fn create_fill(
-    tx: &mut sqlx::PgConnection,
-    drive: uuid::Uuid,
-    machine: uuid::Uuid,
-) -> anyhow::Result<()> {
-    let Some(src) = store::fills::source(&mut *tx, drive, machine).await? else { return Ok(()) };
-    let Some(fill) = &src.drive_spec.0.fill else { return Ok(()) };
-    let mut template = fill.template.clone();
-    template.requested_resources.node_selection = NodeSelection {
-        mode: SelectionMode::Exact,
-        names: vec![Name::parse(&src.machine_name).map_err(anyhow::Error::msg)?],
-    };
-    let spec = RunSpec { cluster: src.drive_spec.0.cluster.clone(), replicas: 1, task_template: template };
-    let name = format!("fill-{}-{}", src.drive_name, src.machine_name);
-    if store::fills::insert(tx, src.workspace_id, &name, &spec, drive, machine).await? {
-        tracing::info!(fill = %name, "fill run created");
-        let why = format!("fill run {name} started on {}", src.machine_name);
-        store::events::record_for_drive(&mut *tx, drive, false, "FillStarted", &why, SOURCE).await?;
+/// Creates each pair's fill run, `fill-<drive>-<machine>`: the drive's fill template, pinned to
+/// the machine. A fleet joining at once needs tens of thousands; they are made in a few
+/// statements, however many.
+async fn create_fills(tx: &mut sqlx::PgConnection, pairs: &[(uuid::Uuid, uuid::Uuid)]) -> anyhow::Result<()> {
+    if pairs.is_empty() {
+        return Ok(());
     }
+    let sources = store::fills::sources(&mut *tx, pairs).await?;
+    let fills: Vec<NewFill> = sources.iter().filter_map(fill_run).collect();
+    let created: HashSet<(uuid::Uuid, uuid::Uuid)> =
+        store::fills::insert_all(tx, &fills).await?.into_iter().collect();
+    let why: Vec<(&NewFill, String)> = fills
+        .iter()
+        .filter(|f| created.contains(&(f.drive, f.machine)))
+        .map(|f| (f, format!("fill run {} started on {}", f.name, f.machine_name)))
+        .collect();
+    let events: Vec<store::events::New> = why
+        .iter()
+        .map(|(f, message)| store::events::New {
+            workspace: Some(f.workspace),
+            object_kind: "drive",
+            object_name: &f.drive_name,
+            warning: false,
+            reason: "FillStarted",
+            message,
+            source: SOURCE,
+        })
+        .collect();
+    store::events::record_all(&mut *tx, &events).await?;
+    tracing::info!(fills = created.len(), "fill runs created");
     Ok(())
+}
+
+/// The fill run a drive with a fill template needs on a machine.
+fn fill_run(src: &FillSource) -> Option<NewFill> {
+    let fill = src.drive_spec.0.fill.as_ref()?;
+    let mut template = fill.template.clone();
+    template.requested_resources.node_selection =
+        NodeSelection { mode: SelectionMode::Exact, names: vec![Name::parse(&src.machine_name).ok()?] };
+    Some(NewFill {
+        workspace: src.workspace_id,
+        name: format!("fill-{}-{}", src.drive_name, src.machine_name),
+        spec: RunSpec { cluster: src.drive_spec.0.cluster.clone(), replicas: 1, task_template: template },
+        drive: src.drive,
+        machine: src.machine,
+        drive_name: src.drive_name.clone(),
+        machine_name: src.machine_name.clone(),
+    })
 }
 
 const SOURCE: &str = "fill-controller";

@@ -147,15 +147,26 @@ fn failed_reason(w: &Waiting, f: &Fill) -> String {
 }
 
 /// The changes one transaction applies: every release (they start waiting workers and are
-/// cheap) and at most `most` of the rest. A fleet joining at once needs tens of thousands of
+/// cheap), at most `fills` new fill runs (made together in a few statements) and at most `most`
+/// of the rest (each its own statements). A fleet joining at once needs tens of thousands of
 /// fills; one transaction for all of them would hold its locks for minutes, and the rest of
 /// the changes wait for the next round, which comes at once.
-pub fn batch(changes: Vec<Change>, most: usize) -> Vec<Change> {
-    let (releases, mut rest): (Vec<Change>, Vec<Change>) =
-        changes.into_iter().partition(|c| matches!(c, Change::Release { .. }));
-    rest.truncate(most);
-    rest.extend(releases);
-    rest
+pub fn batch(changes: Vec<Change>, fills: usize, most: usize) -> Vec<Change> {
+    let (mut new_fills, mut rest) = (0, 0);
+    changes
+        .into_iter()
+        .filter(|c| match c {
+            Change::Release { .. } => true,
+            Change::CreateFill { .. } => {
+                new_fills += 1;
+                new_fills <= fills
+            }
+            _ => {
+                rest += 1;
+                rest <= most
+            }
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -166,17 +177,21 @@ mod tests {
     const MIN: Duration = Duration::from_secs(60);
 
     #[test]
-    fn a_batch_keeps_every_release_and_the_first_of_the_rest() {
+    fn a_batch_keeps_every_release_and_the_first_fills_and_other_changes() {
         let mut changes: Vec<Change> =
             (0..5).map(|n| Change::CreateFill { drive: id(n), machine: id(100) }).collect();
+        changes.extend((0..4).map(|n| Change::DropCopy { drive: id(n), machine: id(101) }));
         changes.push(Change::Release { machine: id(7) });
         changes.push(Change::Release { machine: id(8) });
-        let kept = batch(changes, 2);
+        let kept = batch(changes, 3, 2);
         assert_eq!(
             kept,
             vec![
                 Change::CreateFill { drive: id(0), machine: id(100) },
                 Change::CreateFill { drive: id(1), machine: id(100) },
+                Change::CreateFill { drive: id(2), machine: id(100) },
+                Change::DropCopy { drive: id(0), machine: id(101) },
+                Change::DropCopy { drive: id(1), machine: id(101) },
                 Change::Release { machine: id(7) },
                 Change::Release { machine: id(8) },
             ]

@@ -84,22 +84,17 @@ pub async fn sources(db: impl PgExecutor<'_>, pairs: &[(Uuid, Uuid)]) -> sqlx::R
     .await
 }
 
-/// A fill run about to be created.
-pub struct NewFill {
-    pub workspace: Uuid,
+/// A fill run about to be created from its source.
+pub struct NewFill<'a> {
+    pub source: &'a FillSource,
     pub name: String,
     pub spec: RunSpec,
-    pub drive: Uuid,
-    pub machine: Uuid,
-    /// For the events that say it started.
-    pub drive_name: String,
-    pub machine_name: String,
 }
 
 /// Creates each drive's one fill run on its machine, with its first worker Pending, all in one
 /// statement; returns the `(drive, machine)` of those created. One that exists already is
 /// skipped: the unique index decides, whichever replica gets there first.
-pub async fn insert_all(tx: &mut PgConnection, fills: &[NewFill]) -> sqlx::Result<Vec<(Uuid, Uuid)>> {
+pub async fn insert_all(tx: &mut PgConnection, fills: &[NewFill<'_>]) -> sqlx::Result<Vec<(Uuid, Uuid)>> {
     if fills.is_empty() {
         return Ok(vec![]);
     }
@@ -119,12 +114,12 @@ pub async fn insert_all(tx: &mut PgConnection, fills: &[NewFill]) -> sqlx::Resul
     ))
     .bind(new_ids())
     .bind(new_ids())
-    .bind(fills.iter().map(|f| f.workspace).collect::<Vec<_>>())
+    .bind(fills.iter().map(|f| f.source.workspace_id).collect::<Vec<_>>())
     .bind(fills.iter().map(|f| f.name.as_str()).collect::<Vec<_>>())
     .bind(fills.iter().map(|f| f.spec.cluster.as_str()).collect::<Vec<_>>())
     .bind(fills.iter().map(|f| Json(&f.spec)).collect::<Vec<_>>())
-    .bind(fills.iter().map(|f| f.drive).collect::<Vec<_>>())
-    .bind(fills.iter().map(|f| f.machine).collect::<Vec<_>>())
+    .bind(fills.iter().map(|f| f.source.drive).collect::<Vec<_>>())
+    .bind(fills.iter().map(|f| f.source.machine).collect::<Vec<_>>())
     .fetch_all(&mut *tx)
     .await
 }

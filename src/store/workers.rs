@@ -90,10 +90,7 @@ pub async fn bind_all(tx: &mut PgConnection, binds: &[Bind]) -> sqlx::Result<Vec
     if binds.is_empty() {
         return Ok(vec![]);
     }
-    let col = |f: fn(&Bind) -> i64| binds.iter().map(f).collect::<Vec<i64>>();
-    let machines: Vec<Uuid> = binds.iter().map(|b| b.machine).collect();
-    let (cpu, memory, gpus) =
-        (col(|b| b.charge.cpu_millis), col(|b| b.charge.memory_bytes), col(|b| b.charge.gpus));
+    let all: Vec<&Bind> = binds.iter().collect();
     let taken: Vec<Uuid> = sqlx::query_scalar(
         "WITH t AS (SELECT machine, sum(cpu) AS cpu, sum(mem) AS mem, sum(gpu) AS gpu
                     FROM unnest($1::uuid[], $2::bigint[], $3::bigint[], $4::bigint[]) AS t(machine, cpu, mem, gpu)
@@ -106,10 +103,10 @@ pub async fn bind_all(tx: &mut PgConnection, binds: &[Bind]) -> sqlx::Result<Vec
            AND m.memory_alloc + t.mem <= m.memory_bytes AND m.gpus_alloc + t.gpu <= m.gpus
          RETURNING m.id",
     )
-    .bind(&machines)
-    .bind(&cpu)
-    .bind(&memory)
-    .bind(&gpus)
+    .bind(column(&all, |b| b.machine))
+    .bind(column(&all, |b| b.charge.cpu_millis))
+    .bind(column(&all, |b| b.charge.memory_bytes))
+    .bind(column(&all, |b| b.charge.gpus))
     .fetch_all(&mut *tx)
     .await?;
     // Only the workers of machines that took their charges; filtered here, not by
@@ -120,11 +117,6 @@ pub async fn bind_all(tx: &mut PgConnection, binds: &[Bind]) -> sqlx::Result<Vec
     if kept.is_empty() {
         return Ok(vec![]);
     }
-    let col = |f: fn(&Bind) -> i64| kept.iter().map(|b| f(b)).collect::<Vec<i64>>();
-    let workers: Vec<Uuid> = kept.iter().map(|b| b.worker).collect();
-    let machines: Vec<Uuid> = kept.iter().map(|b| b.machine).collect();
-    let released: Vec<bool> = kept.iter().map(|b| b.released).collect();
-    let reasons: Vec<&str> = kept.iter().map(|b| b.reason.as_str()).collect();
     // The workers were claimed (locked) by this pass, so each is still Pending.
     sqlx::query_scalar(
         "UPDATE workers w SET machine_id = t.machine, state = 'Preparing', reason = t.reason,
@@ -134,15 +126,20 @@ pub async fn bind_all(tx: &mut PgConnection, binds: &[Bind]) -> sqlx::Result<Vec
          WHERE w.id = t.id AND w.state = 'Pending'
          RETURNING w.id",
     )
-    .bind(&workers)
-    .bind(&machines)
-    .bind(col(|b| b.charge.cpu_millis))
-    .bind(col(|b| b.charge.memory_bytes))
-    .bind(col(|b| b.charge.gpus))
-    .bind(&released)
-    .bind(&reasons)
+    .bind(column(&kept, |b| b.worker))
+    .bind(column(&kept, |b| b.machine))
+    .bind(column(&kept, |b| b.charge.cpu_millis))
+    .bind(column(&kept, |b| b.charge.memory_bytes))
+    .bind(column(&kept, |b| b.charge.gpus))
+    .bind(column(&kept, |b| b.released))
+    .bind(column(&kept, |b| b.reason.as_str()))
     .fetch_all(&mut *tx)
     .await
+}
+
+/// One field of every bind, as an array parameter.
+fn column<'a, T>(binds: &[&'a Bind], field: impl Fn(&'a Bind) -> T) -> Vec<T> {
+    binds.iter().map(|b| field(b)).collect()
 }
 
 /// Sets the reason of a worker that is still Pending (why it is not placed yet).

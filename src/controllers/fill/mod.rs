@@ -123,15 +123,15 @@ async fn create_fills(tx: &mut sqlx::PgConnection, pairs: &[(uuid::Uuid, uuid::U
         store::fills::insert_all(tx, &fills).await?.into_iter().collect();
     let why: Vec<(&NewFill, String)> = fills
         .iter()
-        .filter(|f| created.contains(&(f.drive, f.machine)))
-        .map(|f| (f, format!("fill run {} started on {}", f.name, f.machine_name)))
+        .filter(|f| created.contains(&(f.source.drive, f.source.machine)))
+        .map(|f| (f, format!("fill run {} started on {}", f.name, f.source.machine_name)))
         .collect();
     let events: Vec<store::events::New> = why
         .iter()
         .map(|(f, message)| store::events::New {
-            workspace: Some(f.workspace),
+            workspace: Some(f.source.workspace_id),
             object_kind: "drive",
-            object_name: &f.drive_name,
+            object_name: &f.source.drive_name,
             warning: false,
             reason: "FillStarted",
             message,
@@ -144,19 +144,15 @@ async fn create_fills(tx: &mut sqlx::PgConnection, pairs: &[(uuid::Uuid, uuid::U
 }
 
 /// The fill run a drive with a fill template needs on a machine.
-fn fill_run(src: &FillSource) -> Option<NewFill> {
+fn fill_run(src: &FillSource) -> Option<NewFill<'_>> {
     let fill = src.drive_spec.0.fill.as_ref()?;
     let mut template = fill.template.clone();
     template.requested_resources.node_selection =
         NodeSelection { mode: SelectionMode::Exact, names: vec![Name::parse(&src.machine_name).ok()?] };
     Some(NewFill {
-        workspace: src.workspace_id,
+        source: src,
         name: format!("fill-{}-{}", src.drive_name, src.machine_name),
         spec: RunSpec { cluster: src.drive_spec.0.cluster.clone(), replicas: 1, task_template: template },
-        drive: src.drive,
-        machine: src.machine,
-        drive_name: src.drive_name.clone(),
-        machine_name: src.machine_name.clone(),
     })
 }
 

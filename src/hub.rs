@@ -22,9 +22,36 @@ pub const REVOKED: &str = "astraeus_revoked";
 /// The server changed its side of a machine's heartbeat (by trigger): the payload is the machine's id.
 pub const REPORT: &str = "astraeus_report";
 
+/// Below this many notifiers, the ones nobody holds any more are left in place.
+const SWEEP_FLOOR: usize = 1024;
+
+/// The notifiers of the objects waited on, by channel and id.
+#[derive(Default)]
+struct Waiters {
+    map: HashMap<(&'static str, Uuid), Weak<Notify>>,
+    /// The size at which the next sweep runs: twice what the last one kept, so each sweep is
+    /// paid for by as many subscriptions as it visits, however many waiters stay open.
+    sweep_at: usize,
+}
+
+impl Waiters {
+    fn subscribe(&mut self, channel: &'static str, id: Uuid) -> Arc<Notify> {
+        if let Some(n) = self.map.get(&(channel, id)).and_then(Weak::upgrade) {
+            return n;
+        }
+        if self.map.len() >= self.sweep_at.max(SWEEP_FLOOR) {
+            self.map.retain(|_, w| w.strong_count() > 0);
+            self.sweep_at = 2 * self.map.len();
+        }
+        let n = Arc::new(Notify::new());
+        self.map.insert((channel, id), Arc::downgrade(&n));
+        n
+    }
+}
+
 #[derive(Default)]
 pub struct Hub {
-    waiters: Mutex<HashMap<(&'static str, Uuid), Weak<Notify>>>,
+    waiters: Mutex<Waiters>,
     /// Pending work may now fit somewhere: a new run, freed resources, a machine back.
     pub schedule: Notify,
     /// A watched object changed (the payload names its kind; watchers re-read their own).
@@ -41,16 +68,7 @@ pub struct Hub {
 impl Hub {
     /// The notifier for one object; hold it while waiting.
     pub fn subscribe(&self, channel: &'static str, id: Uuid) -> Arc<Notify> {
-        let mut waiters = self.waiters.lock().expect("not poisoned");
-        if let Some(n) = waiters.get(&(channel, id)).and_then(Weak::upgrade) {
-            return n;
-        }
-        if waiters.len() > 1024 {
-            waiters.retain(|_, w| w.strong_count() > 0);
-        }
-        let n = Arc::new(Notify::new());
-        waiters.insert((channel, id), Arc::downgrade(&n));
-        n
+        self.waiters.lock().expect("not poisoned").subscribe(channel, id)
     }
 
     pub fn wake(&self, channel: &str, payload: &str) {
@@ -77,7 +95,8 @@ impl Hub {
             WORKER => WORKER,
             _ => return,
         };
-        let waiter = self.waiters.lock().expect("not poisoned").get(&(channel, id)).and_then(Weak::upgrade);
+        let waiter =
+            self.waiters.lock().expect("not poisoned").map.get(&(channel, id)).and_then(Weak::upgrade);
         if let Some(n) = waiter {
             n.notify_waiters();
         }
@@ -124,4 +143,48 @@ pub async fn revoked(db: impl sqlx::PgExecutor<'_>, id: Uuid) -> sqlx::Result<()
 /// Wakes whoever follows the worker (its logs, its state), on commit.
 pub async fn worker_changed(db: impl sqlx::PgExecutor<'_>, worker: Uuid) -> sqlx::Result<()> {
     sqlx::query("SELECT pg_notify($1, $2::text)").bind(WORKER).bind(worker).execute(db).await.map(drop)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_notifier_is_shared_while_held_and_forgotten_once_dropped() {
+        let mut w = Waiters::default();
+        let id = Uuid::now_v7();
+        let held = w.subscribe(MACHINE, id);
+        assert!(Arc::ptr_eq(&held, &w.subscribe(MACHINE, id)));
+        assert!(!Arc::ptr_eq(&held, &w.subscribe(WORKER, id)), "another channel");
+        drop(held);
+        for _ in 0..10 * SWEEP_FLOOR {
+            w.subscribe(WORKER, Uuid::now_v7());
+        }
+        assert!(w.map.len() <= SWEEP_FLOOR, "{} notifiers kept", w.map.len());
+    }
+
+    #[test]
+    fn sweeps_grow_with_the_notifiers_held_and_keep_them() {
+        let mut w = Waiters::default();
+        let held: Vec<(Uuid, Arc<Notify>)> = (0..5000)
+            .map(|_| {
+                let id = Uuid::now_v7();
+                (id, w.subscribe(MACHINE, id))
+            })
+            .collect();
+        let mut sweeps = 0;
+        for _ in 0..10_000 {
+            let before = w.map.len();
+            w.subscribe(MACHINE, Uuid::now_v7());
+            if w.map.len() <= before {
+                sweeps += 1;
+            }
+            assert!(w.map.len() <= 2 * held.len(), "{} notifiers kept", w.map.len());
+        }
+        // Every 5,000 subscriptions or so, not on each of them.
+        assert!((1..=4).contains(&sweeps), "{sweeps} sweeps");
+        for (id, n) in &held {
+            assert!(Arc::ptr_eq(n, &w.subscribe(MACHINE, *id)));
+        }
+    }
 }

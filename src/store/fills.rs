@@ -18,10 +18,14 @@ pub struct WaitingRow {
 /// Bound, unreleased workers and each placed drive they mount.
 pub async fn waiting(db: impl PgExecutor<'_>) -> sqlx::Result<Vec<WaitingRow>> {
     sqlx::query_as(
-        "SELECT w.id AS worker, w.machine_id AS machine, d.id AS drive, w.reason
-         FROM workers w JOIN run_mounts rm ON rm.run_id = w.run_id JOIN drives d ON d.id = rm.drive_id
-         WHERE w.state = 'Preparing' AND NOT w.released AND w.machine_id IS NOT NULL
-           AND d.spec #>> '{sources,0,node_scope}' = 'placed'",
+        // The waiting workers first, from their partial index: the planner cannot tell how many
+        // drives are placed, and left to itself walks every run that mounts one.
+        "WITH w AS MATERIALIZED (
+             SELECT id, run_id, machine_id, reason FROM workers
+             WHERE state = 'Preparing' AND NOT released AND machine_id IS NOT NULL)
+         SELECT w.id AS worker, w.machine_id AS machine, d.id AS drive, w.reason
+         FROM w JOIN run_mounts rm ON rm.run_id = w.run_id JOIN drives d ON d.id = rm.drive_id
+         WHERE d.spec #>> '{sources,0,node_scope}' = 'placed'",
     )
     .fetch_all(db)
     .await

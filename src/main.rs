@@ -4,6 +4,9 @@ use clap::Parser;
 use astraeus::settings::{Cli, Command};
 use astraeus::{admin, agent, api, bench, dev, server, telemetry};
 
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();

@@ -28,6 +28,8 @@ pub struct ApiLatency {
 
 /// Requests a second each simulated user sends, below the server's per-token limit.
 const PER_USER: u32 = 250;
+/// Requests in flight past which the phase counts the next as dropped.
+pub const MAX_IN_FLIGHT: usize = 4096;
 
 /// Editor tokens for the users the phase simulates, made through `POST /tokens`.
 pub async fn users(api: &Api, rate: u32) -> anyhow::Result<Vec<Api>> {
@@ -53,7 +55,7 @@ pub async fn measure(
     let cursor: Arc<Mutex<Option<String>>> = Arc::new(Mutex::new(None));
     *fleet.beat_lat.lock().expect("not poisoned") = Lat::default();
     let beat_errors0 = fleet.beat_errors.load(Ordering::Relaxed);
-    let out = open_loop(f64::from(rate), duration, KINDS.len(), 4096, |k| {
+    let out = open_loop(f64::from(rate), duration, KINDS.len(), MAX_IN_FLIGHT, |k| {
         let kind = (k % 4) as usize;
         let n = (k / 4) as usize;
         let (api, cursor) = (users[k as usize % users.len()].clone(), cursor.clone());

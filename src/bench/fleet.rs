@@ -14,6 +14,7 @@ use anyhow::{Context, bail};
 use futures::StreamExt;
 use reqwest::Client;
 use serde_json::json;
+use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use uuid::Uuid;
 
@@ -86,6 +87,9 @@ pub struct Fleet {
     join_token: String,
     capacity: Capacity,
     interval: Duration,
+    /// Heartbeats and status reports in flight: each holds a connection, and connections count
+    /// against the limit on open files in this process and in the server.
+    calls: Semaphore,
     machines: RwLock<Vec<Arc<Machine>>>,
     tasks: Mutex<JoinSet<()>>,
     /// While set, machines skip their background heartbeats (the heartbeat phase drives them).
@@ -102,12 +106,14 @@ pub struct Fleet {
 }
 
 impl Fleet {
+    /// `calls`: heartbeats and status reports in flight at most, over all machines.
     pub fn new(
         http: Client,
         api: Api,
         join_token: String,
         capacity: Capacity,
         interval: Duration,
+        calls: usize,
     ) -> Arc<Fleet> {
         Arc::new(Fleet {
             http,
@@ -116,6 +122,7 @@ impl Fleet {
             join_token,
             capacity,
             interval,
+            calls: Semaphore::new(calls.min(Semaphore::MAX_PERMITS)),
             machines: RwLock::new(Vec::new()),
             tasks: Mutex::new(JoinSet::new()),
             beats_paused: AtomicBool::new(false),
@@ -254,6 +261,7 @@ impl Fleet {
     /// to delete are deleted.
     pub async fn beat(&self, m: &Machine) -> bool {
         let _one_at_a_time = m.beating.lock().await;
+        let _connection = self.calls.acquire().await.expect("never closed");
         let body = Self::heartbeat_body(m);
         let (request, via) = self.post(m, "heartbeat");
         let sent = request.json(&body).send().await;
@@ -391,8 +399,8 @@ impl Fleet {
             let mut tries = 0;
             loop {
                 let (request, via) = self.post(m, &format!("workers/{worker}/status"));
-                let r = request.json(&body).send().await;
-                let retry = match r {
+                let connection = self.calls.acquire().await.expect("never closed");
+                let retry = match request.json(&body).send().await {
                     Ok(r) if r.status().is_success() => {
                         let _ = r.bytes().await;
                         break;
@@ -403,6 +411,7 @@ impl Fleet {
                         true
                     }
                 };
+                drop(connection);
                 tries += 1;
                 if !retry || tries >= 60 {
                     self.report_errors.fetch_add(1, Ordering::Relaxed);

@@ -47,6 +47,9 @@ pub struct Plan {
     pub interval: Duration,
     /// The longest the bench waits for placement or seeding before it gives up.
     pub wait_limit: Duration,
+    /// The simulated machines' requests in flight at once, long-polls aside: what the limit on
+    /// open files leaves (see [`raise_open_files`]).
+    pub agent_calls: usize,
 }
 
 impl Plan {
@@ -67,6 +70,7 @@ impl Plan {
             samples: a.samples.unwrap_or(if q { 200 } else { 1000 }).max(1),
             interval: Duration::from_secs(a.heartbeat_interval_seconds.max(1)),
             wait_limit: Duration::from_secs(if q { 120 } else { 3600 }),
+            agent_calls: usize::MAX,
         }
     }
 
@@ -79,8 +83,11 @@ impl Plan {
 }
 
 pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
-    let plan = Plan::from_args(&args);
-    raise_open_files();
+    let mut plan = Plan::from_args(&args);
+    let open_files = raise_open_files(plan.machines);
+    // Each machine's long-poll, the API phase's requests in flight, and room for the rest.
+    let spare = open_files.saturating_sub((plan.machines + api_load::MAX_IN_FLIGHT + 1024) as u64);
+    plan.agent_calls = usize::try_from(spare).unwrap_or(usize::MAX).max(256);
     let state = match &args.state_dir {
         Some(d) => d.clone(),
         None => std::env::temp_dir().join(format!("astraeus-bench-{}", rustix::process::geteuid().as_raw())),
@@ -108,15 +115,29 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Thousands of machines each hold a long-poll open: lift the soft limit on open files to the hard one
-/// (the server, a child, inherits it).
-fn raise_open_files() {
-    use rustix::process::{Resource, getrlimit, setrlimit};
-    let mut limit = getrlimit(Resource::Nofile);
-    if limit.current < limit.maximum {
-        limit.current = limit.maximum;
-        let _ = setrlimit(Resource::Nofile, limit);
+/// Each simulated machine holds a long-poll open and may have a heartbeat and a status report in
+/// flight, each on its own connection, in this process and in the server (a child, which
+/// inherits the limit). Lifts the limit on open files to what that needs, past the hard limit
+/// where allowed (root), else to the hard limit, with a warning when that is short; returns
+/// the limit.
+fn raise_open_files(machines: usize) -> u64 {
+    use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
+    let wanted = 4 * machines as u64 + 16_384;
+    let limit = getrlimit(Resource::Nofile);
+    let hard = limit.maximum.unwrap_or(u64::MAX);
+    if hard < wanted
+        && setrlimit(Resource::Nofile, Rlimit { current: Some(wanted), maximum: Some(wanted) }).is_ok()
+    {
+        return wanted;
     }
+    let _ = setrlimit(Resource::Nofile, Rlimit { current: limit.maximum, maximum: limit.maximum });
+    if hard < wanted {
+        eprintln!(
+            "warning: at most {hard} open files (about {wanted} wanted for {machines} machines): \
+             simulated machines wait for each other; raise it with `ulimit -Hn {wanted}` as root"
+        );
+    }
+    hard
 }
 
 fn host() -> String {
@@ -194,7 +215,7 @@ async fn against(
     placement::post_all(&api, "/drives", drives, 8).await?;
     let join = api.post("/clusters/main/join-tokens", &json!({"ttl_seconds": 86400})).await?;
     let join = join["token"].as_str().context("no join token in the answer")?.to_owned();
-    let fleet = Fleet::new(http.clone(), api.clone(), join, plan.capacity(), plan.interval);
+    let fleet = Fleet::new(http.clone(), api.clone(), join, plan.capacity(), plan.interval, plan.agent_calls);
     let cpu = || server.cpu_seconds();
 
     let result = async {

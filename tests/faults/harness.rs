@@ -83,7 +83,7 @@ impl Cluster {
         let join = api.post("/clusters/main/join-tokens", &json!({"ttl_seconds": 86400})).await?;
         let join = join["token"].as_str().context("no join token in the answer")?.to_owned();
         let capacity = Capacity { cpu_cores: cores, memory_bytes: u64::from(cores) << 30, gpus: 0 };
-        let fleet = Fleet::new(http.clone(), api, join, capacity, Duration::from_secs(1));
+        let fleet = Fleet::new(http.clone(), api, join, capacity, Duration::from_secs(1), 4096);
         fleet.set_servers(bases.clone());
         fleet.grow(machines).await?;
         Ok(Cluster {

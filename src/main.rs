@@ -4,6 +4,7 @@ use clap::Parser;
 use astraeus::settings::{Cli, Command};
 use astraeus::{admin, agent, api, bench, dev, server, telemetry};
 
+/// glibc's malloc took up to a third of the server's CPU with 10,000 machines connected.
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 

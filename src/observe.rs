@@ -2,12 +2,13 @@
 //! gauges read from Postgres when `/metrics` is scraped.
 
 use std::sync::OnceLock;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use axum::extract::{MatchedPath, Request, State};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use tokio_util::sync::CancellationToken;
 
 use crate::api::AppState;
 use crate::api::caller::Caller;
@@ -23,6 +24,18 @@ pub fn handle() -> &'static PrometheusHandle {
         let _ = metrics::set_global_recorder(recorder);
         handle
     })
+}
+
+/// Histograms hold every sample until a scrape or an upkeep folds them in: without this, a
+/// server nobody scrapes would grow with every request it answers.
+pub async fn upkeep(every: Duration, stop: CancellationToken) {
+    let mut tick = tokio::time::interval(every);
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tick.tick() => handle().run_upkeep(),
+        }
+    }
 }
 
 /// Counts every request and times it, by route template (not by path, which would explode).

@@ -82,6 +82,7 @@ pub fn start_loops(app: &AppState, c: &ControllerArgs, stop: &CancellationToken)
     set.spawn(liveness::run(app.db.clone(), grace, stop.clone()));
     let (hub, db, beats_stop) = (app.hub.clone(), app.db.clone(), stop.clone());
     set.spawn(async move { hub.beats.run(db, crate::beats::flush_every(grace), beats_stop).await });
+    set.spawn(crate::observe::upkeep(Duration::from_secs(5), stop.clone()));
     set
 }
 

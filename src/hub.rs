@@ -36,7 +36,7 @@ struct Waiters {
 
 impl Waiters {
     fn subscribe(&mut self, channel: &'static str, id: Uuid) -> Arc<Notify> {
-        if let Some(n) = self.map.get(&(channel, id)).and_then(Weak::upgrade) {
+        if let Some(n) = self.get(channel, id) {
             return n;
         }
         if self.map.len() >= self.sweep_at.max(SWEEP_FLOOR) {
@@ -46,6 +46,11 @@ impl Waiters {
         let n = Arc::new(Notify::new());
         self.map.insert((channel, id), Arc::downgrade(&n));
         n
+    }
+
+    /// The notifier of an object somebody waits on, if anybody does.
+    fn get(&self, channel: &'static str, id: Uuid) -> Option<Arc<Notify>> {
+        self.map.get(&(channel, id)).and_then(Weak::upgrade)
     }
 }
 
@@ -95,8 +100,7 @@ impl Hub {
             WORKER => WORKER,
             _ => return,
         };
-        let waiter =
-            self.waiters.lock().expect("not poisoned").map.get(&(channel, id)).and_then(Weak::upgrade);
+        let waiter = self.waiters.lock().expect("not poisoned").get(channel, id);
         if let Some(n) = waiter {
             n.notify_waiters();
         }

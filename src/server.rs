@@ -18,7 +18,7 @@ use crate::settings::{ControllerArgs, ServeArgs};
 use crate::store;
 
 pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
-    lift_open_files();
+    tracing::info!(open_files = lift_open_files(), "limit on open files");
     let keys = Keys::load(&args.signing_key_file)?;
     let db = store::connect(args.database.url.expose_secret(), args.database.max_connections).await?;
     let listener =
@@ -52,15 +52,15 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
 }
 
 /// Every machine holds a connection open for its long-poll, and a server out of descriptors
-/// stops accepting for a second at a time: lift the soft limit on open files to the hard one.
-fn lift_open_files() {
+/// stops accepting for a second at a time: lifts the soft limit on open files to the hard one,
+/// and returns it (`u64::MAX` for no limit).
+pub fn lift_open_files() -> u64 {
     use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
     let limit = getrlimit(Resource::Nofile);
     if limit.current != limit.maximum {
         let _ = setrlimit(Resource::Nofile, Rlimit { current: limit.maximum, maximum: limit.maximum });
     }
-    let open = getrlimit(Resource::Nofile).current.map_or("unlimited".into(), |n| n.to_string());
-    tracing::info!(open_files = %open, "limit on open files");
+    getrlimit(Resource::Nofile).current.unwrap_or(u64::MAX)
 }
 
 /// Starts the notification listener and the control loops; they end when `stop` is cancelled.

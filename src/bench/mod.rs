@@ -123,21 +123,20 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
 fn raise_open_files(machines: usize) -> u64 {
     use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
     let wanted = 4 * machines as u64 + 16_384;
-    let limit = getrlimit(Resource::Nofile);
-    let hard = limit.maximum.unwrap_or(u64::MAX);
+    let hard = getrlimit(Resource::Nofile).maximum.unwrap_or(u64::MAX);
     if hard < wanted
         && setrlimit(Resource::Nofile, Rlimit { current: Some(wanted), maximum: Some(wanted) }).is_ok()
     {
         return wanted;
     }
-    let _ = setrlimit(Resource::Nofile, Rlimit { current: limit.maximum, maximum: limit.maximum });
-    if hard < wanted {
+    let limit = crate::server::lift_open_files();
+    if limit < wanted {
         eprintln!(
-            "warning: at most {hard} open files (about {wanted} wanted for {machines} machines): \
+            "warning: at most {limit} open files (about {wanted} wanted for {machines} machines): \
              simulated machines wait for each other; raise it with `ulimit -Hn {wanted}` as root"
         );
     }
-    hard
+    limit
 }
 
 fn host() -> String {

@@ -117,6 +117,7 @@ impl Hub {
                     // Something may have changed while we were not listening.
                     self.schedule.notify_one();
                     self.beats.forget_all();
+                    self.credentials.forget_all();
                     tokio::time::sleep(Duration::from_secs(1)).await;
                 }
             }

@@ -1,8 +1,9 @@
 //! Credentials found valid lately, so that a request need not ask Postgres each time.
 //!
 //! A revocation (a token revoked, a machine's credential replaced on rejoin) forgets its entry
-//! on the replica that made it at once, and on the others when its notification arrives; an
-//! entry lapses after [`TTL`] anyway, which bounds how long a lost notification matters.
+//! on the replica that made it at once, and on the others when its notification arrives; every
+//! entry is forgotten when the notification listener loses its connection, and an entry lapses
+//! after [`TTL`] anyway, which bounds how long a lost notification matters.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -10,7 +11,9 @@ use std::time::{Duration, Instant};
 
 use uuid::Uuid;
 
-pub const TTL: Duration = Duration::from_secs(10);
+/// Longer than a machine's heartbeat interval, so that a machine beating every few seconds is
+/// looked up about once in this time, not on every second beat.
+pub const TTL: Duration = Duration::from_secs(30);
 /// Past this many entries the expired ones are dropped, then all if that is not enough.
 const CAPACITY: usize = 100_000;
 
@@ -41,6 +44,11 @@ impl Recent {
     pub fn forget(&self, key: Uuid) {
         self.seen.lock().expect("not poisoned").remove(&key);
     }
+
+    /// After notifications may have been missed.
+    pub fn forget_all(&self) {
+        self.seen.lock().expect("not poisoned").clear();
+    }
 }
 
 #[cfg(test)]
@@ -58,5 +66,9 @@ mod tests {
         assert!(!recent.is_fresh(other, credential));
         recent.forget(key);
         assert!(!recent.is_fresh(key, credential));
+        recent.remember(key, credential);
+        recent.remember(other, other);
+        recent.forget_all();
+        assert!(!recent.is_fresh(key, credential) && !recent.is_fresh(other, other));
     }
 }

@@ -79,6 +79,13 @@ pub struct HeartbeatResponse {
     pub delete_copies: Vec<String>,
 }
 
+/// The entity tag of a machine's assignments at `version`. An agent that holds that answer
+/// sends it in `If-None-Match` and gets `304 Not Modified` while nothing has changed, instead
+/// of every assigned worker again.
+pub fn assignments_tag(version: i64) -> String {
+    format!("\"{version}\"")
+}
+
 #[derive(Debug, Serialize, Deserialize)]
 pub struct Assignments {
     pub version: i64,

@@ -3,6 +3,7 @@
 
 mod common;
 
+use astraeus::agent::client::Client;
 use astraeus::domain::Name;
 use astraeus::domain::quantity::CpuCores;
 use astraeus::protocol::{Capacity, JoinRequest, JoinResponse};
@@ -213,15 +214,7 @@ async fn a_machine_credential_opens_only_its_own_machines_agent_api(pool: PgPool
     let uid = before["metadata"]["uid"].as_str().unwrap().to_owned();
 
     // Machine gpu-02 joins by hand, as an agent would.
-    let join = JoinRequest {
-        join_token: api.join_token().await,
-        name: Name::parse("gpu-02").unwrap(),
-        pool: Name::parse("default").unwrap(),
-        labels: Default::default(),
-        transports: vec![],
-        capacity: Capacity { cpu_cores: CpuCores::try_from(1.0).unwrap(), memory_bytes: 1 << 30, gpus: 0 },
-        data_location: None,
-    };
+    let join = join_request("gpu-02", api.join_token().await);
     let joined =
         api.raw(Method::POST, "/agent/v1/join", None, Some(&serde_json::to_value(&join).unwrap())).await;
     assert_eq!(joined.status, StatusCode::OK, "{}", joined.text);
@@ -259,6 +252,63 @@ async fn a_machine_credential_opens_only_its_own_machines_agent_api(pool: PgPool
 
     api.delete_run("busy").await;
     wait_gone("sleep 300.701").await;
+}
+
+/// What an agent on a 1-core machine `name` sends to join.
+fn join_request(name: &str, join_token: String) -> JoinRequest {
+    JoinRequest {
+        join_token,
+        name: Name::parse(name).unwrap(),
+        pool: Name::parse("default").unwrap(),
+        labels: Default::default(),
+        transports: vec![],
+        capacity: Capacity { cpu_cores: CpuCores::try_from(1.0).unwrap(), memory_bytes: 1 << 30, gpus: 0 },
+        data_location: None,
+    }
+}
+
+#[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
+async fn an_agent_holding_the_latest_assignments_hears_not_modified_until_they_change(pool: PgPool) {
+    let cluster = Cluster::start(&pool).await;
+    let api = &cluster.api;
+    let mut agent = Client::new(&api.base).unwrap();
+    let joined = agent.join(&join_request("gpu-02", api.join_token().await)).await.unwrap();
+
+    let first = agent.assignments(0, false, 0).await.unwrap().expect("the whole answer when none is held");
+    assert!(first.workers.is_empty());
+    assert_eq!(first.data_location, None);
+    // Held and unchanged: not modified, at once and after waiting for a change that does not come.
+    assert!(agent.assignments(first.version, true, 0).await.unwrap().is_none());
+    assert!(agent.assignments(first.version, true, 1).await.unwrap().is_none());
+    // Not held: the whole answer again, however current the version.
+    let again = agent.assignments(first.version, false, 0).await.unwrap().expect("the whole answer");
+    assert_eq!(again.version, first.version);
+
+    // The tag travels as an HTTP entity tag.
+    let url = format!("{}/agent/v1/assignments?version={}", api.base, first.version);
+    let tag = format!("\"{}\"", first.version);
+    let get = |held: Option<&str>| {
+        let mut request = api.client.get(&url).bearer_auth(&joined.credential);
+        if let Some(tag) = held {
+            request = request.header("if-none-match", tag);
+        }
+        request.send()
+    };
+    let not_modified = get(Some(&tag)).await.unwrap();
+    assert_eq!(not_modified.status(), StatusCode::NOT_MODIFIED);
+    assert_eq!(not_modified.headers()["etag"], tag.as_str());
+    assert!(not_modified.bytes().await.unwrap().is_empty());
+    let other = get(Some("\"0\"")).await.unwrap();
+    assert_eq!(other.status(), StatusCode::OK);
+    assert_eq!(other.headers()["etag"], tag.as_str());
+
+    // A change answers a held version with the whole answer, holding the change.
+    api.confirm_data_location("gpu-02", "/srv/astraeus").await;
+    let changed =
+        agent.assignments(first.version, true, 0).await.unwrap().expect("the answer after a change");
+    assert!(changed.version > first.version);
+    assert_eq!(changed.data_location.as_deref(), Some("/srv/astraeus"));
+    assert_eq!(get(Some(&tag)).await.unwrap().status(), StatusCode::OK);
 }
 
 #[sqlx::test(migrator = "astraeus::store::MIGRATOR")]

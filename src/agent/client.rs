@@ -9,7 +9,7 @@ use uuid::Uuid;
 
 use crate::protocol::{
     Ack, Assignments, HeartbeatRequest, HeartbeatResponse, JoinRequest, JoinResponse, LogLineIn, LogUpload,
-    StatusReport,
+    StatusReport, assignments_tag,
 };
 
 #[derive(Clone)]
@@ -54,17 +54,27 @@ impl Client {
     }
 
     /// Answers at once when assignments are newer than `version`, otherwise within `wait`.
-    pub async fn assignments(&self, version: i64, wait_seconds: u64) -> anyhow::Result<Assignments> {
-        let resp = self
+    /// `None` when `held` (the agent has the answer for `version`) and nothing changed.
+    pub async fn assignments(
+        &self,
+        version: i64,
+        held: bool,
+        wait_seconds: u64,
+    ) -> anyhow::Result<Option<Assignments>> {
+        let mut request = self
             .http
             .get(format!("{}/assignments", self.base))
             .query(&[("version", version.to_string()), ("wait_seconds", wait_seconds.to_string())])
             .bearer_auth(&self.credential)
-            .timeout(Duration::from_secs(wait_seconds + 15))
-            .send()
-            .await
-            .context("cannot reach the server")?;
-        read(resp).await
+            .timeout(Duration::from_secs(wait_seconds + 15));
+        if held {
+            request = request.header(reqwest::header::IF_NONE_MATCH, assignments_tag(version));
+        }
+        let resp = request.send().await.context("cannot reach the server")?;
+        if resp.status() == reqwest::StatusCode::NOT_MODIFIED {
+            return Ok(None);
+        }
+        read(resp).await.map(Some)
     }
 
     pub async fn report(&self, worker: Uuid, report: &StatusReport) -> anyhow::Result<Ack> {

@@ -107,18 +107,34 @@ async fn heartbeat_loop(client: Client, config: Config, shared: Arc<Shared>, sto
     }
 }
 
+/// Drops the workers that ended from `running`; whether there were any.
+fn forget_ended(finished: &Mutex<Vec<Uuid>>, running: &mut HashMap<Uuid, CancellationToken>) -> bool {
+    let ended: Vec<Uuid> = finished.lock().expect("not poisoned").drain(..).collect();
+    for id in &ended {
+        running.remove(id);
+    }
+    !ended.is_empty()
+}
+
 /// Long-polls for assignments and makes the running workers match them.
 async fn assignment_loop(client: Client, shared: Arc<Shared>, stop: CancellationToken) -> anyhow::Result<()> {
     let mut running: HashMap<Uuid, CancellationToken> = HashMap::new();
     let finished: Arc<Mutex<Vec<Uuid>>> = Arc::default();
     let mut version = 0;
+    // Whether `running` follows the answer for `version`; until then the whole list is asked for.
+    let mut held = false;
     loop {
+        // A worker that ended here may still be listed (its report unheard): ask for the list.
+        if forget_ended(&finished, &mut running) {
+            held = false;
+        }
         let answer = tokio::select! {
             _ = stop.cancelled() => break,
-            a = client.assignments(version, 30) => a,
+            a = client.assignments(version, held, 30) => a,
         };
         let assignments = match answer {
-            Ok(a) => a,
+            Ok(Some(a)) => a,
+            Ok(None) => continue,
             Err(e) => {
                 tracing::warn!(error = %e, "cannot fetch assignments; retrying");
                 tokio::select! {
@@ -137,9 +153,8 @@ async fn assignment_loop(client: Client, shared: Arc<Shared>, stop: Cancellation
             }
             None => shared.data_location.lock().expect("not poisoned").clone(),
         };
-        for id in finished.lock().expect("not poisoned").drain(..) {
-            running.remove(&id);
-        }
+        forget_ended(&finished, &mut running);
+        held = true;
         let wanted: HashMap<Uuid, &Assignment> = assignments.workers.iter().map(|a| (a.uid, a)).collect();
         running.retain(|id, token| {
             let keep = wanted.contains_key(id);

@@ -6,7 +6,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use axum::extract::{DefaultBodyLimit, FromRequestParts, State};
-use axum::http::{header, request::Parts};
+use axum::http::{HeaderMap, StatusCode, header, request::Parts};
+use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use chrono::Utc;
@@ -25,8 +26,8 @@ use crate::domain::quantity::human_bytes;
 use crate::domain::run::WorkerState;
 use crate::hub;
 use crate::protocol::{
-    Ack, Assignment, Assignments, HeartbeatRequest, HeartbeatResponse, JoinRequest, JoinResponse, LogUpload,
-    MountSource, MountSpec, StatusReport,
+    self, Ack, Assignment, Assignments, HeartbeatRequest, HeartbeatResponse, JoinRequest, JoinResponse,
+    LogUpload, MountSource, MountSpec, StatusReport,
 };
 use crate::store::{self, machines::Joining, workers::AssignmentRow};
 
@@ -220,8 +221,9 @@ pub struct AssignmentsQuery {
 async fn assignments(
     State(app): State<AppState>,
     caller: MachineCaller,
+    headers: HeaderMap,
     Params(q): Params<AssignmentsQuery>,
-) -> Result<Json<Assignments>, ApiError> {
+) -> Result<Response, ApiError> {
     let wait = Duration::from_secs(q.wait_seconds).min(MAX_WAIT);
     let notify = app.hub.subscribe(hub::MACHINE, caller.id);
     let changed = notify.notified();
@@ -232,12 +234,19 @@ async fn assignments(
         let _ = tokio::time::timeout(wait, changed).await;
         version = store::machines::assign_version(&app.db, caller.id).await?;
     }
+    // The version moves with every change an agent acts on (that is what ends a long-poll early),
+    // so an agent holding this version's answer has nothing to read again.
+    let tag = protocol::assignments_tag(version);
+    let etag = [(header::ETAG, tag.clone())];
+    if headers.get(header::IF_NONE_MATCH).is_some_and(|v| v.as_bytes() == tag.as_bytes()) {
+        return Ok((StatusCode::NOT_MODIFIED, etag).into_response());
+    }
     let rows = store::workers::assigned_to(&app.db, caller.id).await?;
     let refs = Referenced::read(&app, &rows).await?;
     let workers = rows.into_iter().map(|row| assignment(&app, &refs, row)).collect::<Result<_, _>>()?;
     // Read after the workers: a worker placed there was placed after its location was confirmed.
     let data_location = store::machines::get(&app.db, caller.id).await?.and_then(|m| m.data_path);
-    Ok(Json(Assignments { version, workers, data_location }))
+    Ok((etag, Json(Assignments { version, workers, data_location })).into_response())
 }
 
 /// The drives and sealed secrets the assigned workers name, each read once for the whole answer.

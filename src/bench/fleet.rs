@@ -19,7 +19,9 @@ use tokio::task::JoinSet;
 use uuid::Uuid;
 
 use super::http::{Api, Lat};
-use crate::protocol::{Assignment, Assignments, CopyReport, DataUsage, HeartbeatRequest, HeartbeatResponse};
+use crate::protocol::{
+    Assignment, Assignments, CopyReport, DataUsage, HeartbeatRequest, HeartbeatResponse, assignments_tag,
+};
 
 /// Every simulated machine's data location.
 pub const DATA_PATH: &str = "/data/astraeus";
@@ -307,26 +309,35 @@ impl Fleet {
         }
     }
 
+    /// Long-polls as the agent does: once it holds an answer, a poll with nothing new is
+    /// answered `304 Not Modified`.
     async fn poll_loop(self: Arc<Self>, m: Arc<Machine>) {
         let mut version = 0i64;
+        let mut held = false;
         loop {
             let (url, via) =
                 self.url(&m, &format!("assignments?version={version}&wait_seconds={POLL_SECONDS}"));
             let answer = async {
-                let r = self
+                let mut request = self
                     .http
                     .get(url)
                     .header("authorization", &m.auth)
-                    .timeout(Duration::from_secs(POLL_SECONDS) + REQUEST_TIMEOUT)
-                    .send()
-                    .await?
-                    .error_for_status()?;
-                r.json::<Assignments>().await
+                    .timeout(Duration::from_secs(POLL_SECONDS) + REQUEST_TIMEOUT);
+                if held {
+                    request = request.header(reqwest::header::IF_NONE_MATCH, assignments_tag(version));
+                }
+                let r = request.send().await?.error_for_status()?;
+                if r.status() == reqwest::StatusCode::NOT_MODIFIED {
+                    return Ok(None);
+                }
+                r.json::<Assignments>().await.map(Some)
             }
             .await;
             let arrived = Instant::now();
             match answer {
-                Ok(a) => {
+                Ok(None) => {}
+                Ok(Some(a)) => {
+                    held = true;
                     version = a.version;
                     let new: Vec<Assignment> = {
                         let mut seen = m.seen.lock().expect("not poisoned");

@@ -52,12 +52,19 @@ pub struct DriveUser {
 }
 
 /// Workers that mount the drive and have not ended, oldest first.
+///
+/// The workers are looked up run by run (`OFFSET 0` keeps the subquery from being flattened
+/// into a join). As a plain join, with statistics behind a fast-changing workers table, the
+/// planner merge-joined the drive's runs with every worker: 236 ms a call for 1,000 users
+/// among 200,000 workers, against 18 ms run by run.
 pub async fn using_drive(db: impl PgExecutor<'_>, drive: Uuid) -> sqlx::Result<Vec<DriveUser>> {
     sqlx::query_as(
         "SELECT w.name, r.name AS run_name, w.state, mc.name AS machine
-         FROM run_mounts m JOIN runs r ON r.id = m.run_id JOIN workers w ON w.run_id = m.run_id
+         FROM run_mounts m JOIN runs r ON r.id = m.run_id
+         CROSS JOIN LATERAL (SELECT id, name, state, machine_id FROM workers
+                             WHERE run_id = m.run_id AND state NOT IN ('Completed', 'Failed') OFFSET 0) w
          LEFT JOIN machines mc ON mc.id = w.machine_id
-         WHERE m.drive_id = $1 AND w.state NOT IN ('Completed', 'Failed') ORDER BY w.id",
+         WHERE m.drive_id = $1 ORDER BY w.id",
     )
     .bind(drive)
     .fetch_all(db)

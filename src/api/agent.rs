@@ -16,7 +16,7 @@ use uuid::Uuid;
 
 use super::AppState;
 use super::error::ApiError;
-use super::extract::{Body, Params, Path};
+use super::extract::{self, Body, Params, Path};
 use crate::auth::machine::{self, verify_credential};
 use crate::auth::seal;
 use crate::beats;
@@ -238,7 +238,7 @@ async fn assignments(
     // so an agent holding this version's answer has nothing to read again.
     let tag = protocol::assignments_tag(version);
     let etag = [(header::ETAG, tag.clone())];
-    if headers.get(header::IF_NONE_MATCH).is_some_and(|v| v.as_bytes() == tag.as_bytes()) {
+    if extract::holds(&headers, &tag) {
         return Ok((StatusCode::NOT_MODIFIED, etag).into_response());
     }
     let rows = store::workers::assigned_to(&app.db, caller.id).await?;

@@ -116,8 +116,7 @@ fn asset(name: &str, file: rust_embed::EmbeddedFile, headers: &HeaderMap) -> Res
     } else {
         Cow::Borrowed(mime)
     };
-    let mut response = if headers.get(header::IF_NONE_MATCH).is_some_and(|v| v.as_bytes() == etag.as_bytes())
-    {
+    let mut response = if super::extract::holds(headers, &etag) {
         StatusCode::NOT_MODIFIED.into_response()
     } else {
         Response::new(Body::from(file.data))

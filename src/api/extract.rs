@@ -5,7 +5,7 @@ use axum::body::Bytes;
 use axum::extract::path::ErrorKind;
 use axum::extract::rejection::PathRejection;
 use axum::extract::{FromRequest, FromRequestParts, Query, Request};
-use axum::http::{StatusCode, header, request::Parts};
+use axum::http::{HeaderMap, StatusCode, header, request::Parts};
 use serde::de::DeserializeOwned;
 
 use super::error::ApiError;
@@ -128,6 +128,12 @@ impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for Path<T>
             Err(e) => Err(ApiError::Internal(anyhow::anyhow!("path parameters: {}", e.body_text()))),
         }
     }
+}
+
+/// Whether the client holds the representation tagged `tag` (its `If-None-Match`), so that a
+/// `304 Not Modified` answers it.
+pub fn holds(headers: &HeaderMap, tag: &str) -> bool {
+    headers.get(header::IF_NONE_MATCH).is_some_and(|v| v.as_bytes() == tag.as_bytes())
 }
 
 #[cfg(test)]

@@ -19,8 +19,8 @@ pub mod workspaces;
 use std::time::Duration;
 
 use anyhow::Context;
-use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{Connection, PgPool};
 
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 
@@ -30,6 +30,9 @@ pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 pub const IDLE_IN_TRANSACTION: &str = "5s";
 /// No statement waits longer than this; the caller gets an error, never a hang.
 const STATEMENT_TIMEOUT: &str = "60s";
+
+/// A pooled connection idle longer than this is pinged before use.
+const PING_AFTER_IDLE: Duration = Duration::from_secs(10);
 
 /// Opens a pool and brings the schema up to date.
 pub async fn connect(url: &str, max_connections: u32) -> anyhow::Result<PgPool> {
@@ -46,6 +49,20 @@ pub async fn connect(url: &str, max_connections: u32) -> anyhow::Result<PgPool> 
     let pool = PgPoolOptions::new()
         .max_connections(max_connections)
         .acquire_timeout(Duration::from_secs(5))
+        // sqlx pings a connection on every acquire by default: a round trip per statement on
+        // the busiest paths, and an acquire given up during its ping drops the connection
+        // (launchbadge/sqlx#1869), which under load reopens sessions by the dozen. A busy
+        // connection proves itself; only one idle a while is pinged. A session that died in
+        // between fails its statement, which answers 503 and is not returned to the pool.
+        .test_before_acquire(false)
+        .before_acquire(|conn, meta| {
+            Box::pin(async move {
+                if meta.idle_for > PING_AFTER_IDLE {
+                    conn.ping().await?;
+                }
+                Ok(true)
+            })
+        })
         .connect_with(options)
         .await
         .context("cannot connect to Postgres (check DATABASE_URL)")?;

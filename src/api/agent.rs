@@ -12,6 +12,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use chrono::Utc;
 use serde::Deserialize;
+use sqlx::PgConnection;
 use uuid::Uuid;
 
 use super::AppState;
@@ -229,10 +230,15 @@ async fn assignments(
     let changed = notify.notified();
     tokio::pin!(changed);
     changed.as_mut().enable();
-    let mut version = store::machines::assign_version(&app.db, caller.id).await?;
+    // One connection for every read of an answer (each connection given back to the pool costs
+    // a round trip), but none held while waiting.
+    let mut db = app.db.acquire().await?;
+    let mut version = store::machines::assign_version(&mut *db, caller.id).await?;
     if version <= q.version && !wait.is_zero() {
+        drop(db);
         let _ = tokio::time::timeout(wait, changed).await;
-        version = store::machines::assign_version(&app.db, caller.id).await?;
+        db = app.db.acquire().await?;
+        version = store::machines::assign_version(&mut *db, caller.id).await?;
     }
     // The version moves with every change an agent acts on (that is what ends a long-poll early),
     // so an agent holding this version's answer has nothing to read again.
@@ -241,11 +247,12 @@ async fn assignments(
     if extract::holds(&headers, &tag) {
         return Ok((StatusCode::NOT_MODIFIED, etag).into_response());
     }
-    let rows = store::workers::assigned_to(&app.db, caller.id).await?;
-    let refs = Referenced::read(&app, &rows).await?;
-    let workers = rows.into_iter().map(|row| assignment(&app, &refs, row)).collect::<Result<_, _>>()?;
+    let rows = store::workers::assigned_to(&mut *db, caller.id).await?;
+    let refs = Referenced::read(&mut db, &rows).await?;
     // Read after the workers: a worker placed there was placed after its location was confirmed.
-    let data_location = store::machines::get(&app.db, caller.id).await?.and_then(|m| m.data_path);
+    let data_location = store::machines::get(&mut *db, caller.id).await?.and_then(|m| m.data_path);
+    drop(db);
+    let workers = rows.into_iter().map(|row| assignment(&app, &refs, row)).collect::<Result<_, _>>()?;
     Ok((etag, Json(Assignments { version, workers, data_location })).into_response())
 }
 
@@ -256,7 +263,7 @@ struct Referenced {
 }
 
 impl Referenced {
-    async fn read(app: &AppState, rows: &[AssignmentRow]) -> Result<Referenced, ApiError> {
+    async fn read(db: &mut PgConnection, rows: &[AssignmentRow]) -> Result<Referenced, ApiError> {
         let mut drives: (Vec<Uuid>, Vec<String>) = Default::default();
         let mut secrets: (Vec<Uuid>, Vec<String>) = Default::default();
         for row in rows {
@@ -270,12 +277,12 @@ impl Referenced {
                 secrets.1.push(s.name.to_string());
             }
         }
-        let drives = store::drives::get_many(&app.db, &drives.0, &drives.1)
+        let drives = store::drives::get_many(&mut *db, &drives.0, &drives.1)
             .await?
             .into_iter()
             .map(|d| ((d.workspace_id, d.name.clone()), d))
             .collect();
-        let secrets = store::secrets::sealed_many(&app.db, &secrets.0, &secrets.1)
+        let secrets = store::secrets::sealed_many(&mut *db, &secrets.0, &secrets.1)
             .await?
             .into_iter()
             .map(|(ws, name, sealed)| ((ws, name), sealed))

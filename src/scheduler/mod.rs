@@ -26,8 +26,9 @@ use crate::store::{
 use score::Score;
 use snapshot::{CopyState, CopyView, DriveNeed, MachineView, Request};
 
-/// Workers claimed per transaction.
-const BATCH: i64 = 1024;
+/// Workers claimed per transaction. Each pass reads every machine and copy first (85–165 ms at
+/// 10,000 machines with 100,000 copies), so larger batches spread that over more placements.
+const BATCH: i64 = 4096;
 /// The safety net when no notification arrives.
 const RESYNC: Duration = Duration::from_secs(5);
 

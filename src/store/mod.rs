@@ -51,7 +51,7 @@ pub async fn connect(url: &str, max_connections: u32) -> anyhow::Result<PgPool> 
         .acquire_timeout(Duration::from_secs(5))
         // sqlx pings a connection on every acquire by default: a round trip per statement on
         // the busiest paths, and an acquire given up during its ping drops the connection
-        // (launchbadge/sqlx#1869), which under load reopens sessions by the dozen. A busy
+        // (sqlx issue #1869), which under load reopens sessions by the dozen. A busy
         // connection proves itself; only one idle a while is pinged. A session that died in
         // between fails its statement, which answers 503 and is not returned to the pool.
         .test_before_acquire(false)

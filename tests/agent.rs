@@ -130,6 +130,39 @@ async fn a_drive_mounted_read_only_refuses_writes_and_read_write_lets_them_land_
     assert_eq!(std::fs::read_to_string(ds.join("from-worker")).unwrap(), "written-by-worker\n");
 }
 
+/// A run is Failed as soon as one worker fails, while another may still run: that worker still
+/// uses the drive it mounts, which lists it and refuses to be deleted under it.
+#[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
+async fn a_worker_still_running_in_a_failed_run_keeps_its_drive_in_use(pool: PgPool) {
+    let cluster = Cluster::start(&pool).await;
+    let api = &cluster.api;
+    let _host = shared_drive(api).await;
+    // Whichever worker makes the folder first fails at once; the other keeps running.
+    let script = "if mkdir /data/first; then exit 3; fi; sleep 30.307";
+    let mut run = run_mounting("pair", script, json!([{"name": "shared-data", "mode": "ReadWrite"}]));
+    run["spec"]["replicas"] = json!(2);
+    api.create_run(&run).await;
+
+    let run = api.wait_run_ended("pair").await;
+    assert_eq!(run["status"]["state"], "Failed", "{run}");
+    let failed = if api.worker("pair-0").await["status"]["state"] == "Failed" { "pair-0" } else { "pair-1" };
+    let running = if failed == "pair-0" { "pair-1" } else { "pair-0" };
+    wait_running(api, running, "sleep 30.307").await;
+
+    let drive = api.get("/drives/shared-data").await.expect(StatusCode::OK);
+    let used_by = drive["used_by"].as_array().cloned().unwrap_or_default();
+    assert_eq!(used_by.len(), 1, "{drive}");
+    assert_eq!(used_by[0]["name"], running, "{drive}");
+    assert_eq!(used_by[0]["run"], "pair");
+    assert_eq!(used_by[0]["state"], "Running");
+    let refused = api.delete("/drives/shared-data").await;
+    assert_eq!(refused.status, StatusCode::CONFLICT, "{}", refused.text);
+    assert!(refused.text.contains(&format!("worker {running}")), "{}", refused.text);
+
+    api.delete_run("pair").await;
+    wait_gone("sleep 30.307").await;
+}
+
 #[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
 async fn a_sub_path_through_a_symlink_out_of_the_drive_is_refused_before_the_worker_runs(pool: PgPool) {
     let cluster = Cluster::start(&pool).await;

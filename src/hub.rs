@@ -150,6 +150,18 @@ pub async fn worker_changed(db: impl sqlx::PgExecutor<'_>, worker: Uuid) -> sqlx
     sqlx::query("SELECT pg_notify($1, $2::text)").bind(WORKER).bind(worker).execute(db).await.map(drop)
 }
 
+/// Wakes whoever follows the worker and the scheduler, on commit, in one statement: an ended
+/// worker leaves room to place another.
+pub async fn worker_ended(db: impl sqlx::PgExecutor<'_>, worker: Uuid) -> sqlx::Result<()> {
+    sqlx::query("SELECT pg_notify($1, $2::text), pg_notify($3, '')")
+        .bind(WORKER)
+        .bind(worker)
+        .bind(SCHEDULE)
+        .execute(db)
+        .await
+        .map(drop)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

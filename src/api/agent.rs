@@ -417,18 +417,17 @@ async fn report_status(
             store::events::record(&mut *tx, &event).await?;
         }
     }
-    store::workers::refresh_run(&mut tx, run).await?;
-    hub::worker_changed(&mut *tx, id).await?;
+    store::workers::refresh_locked_run(&mut tx, run).await?;
     if report.state.is_terminal() {
+        hub::worker_ended(&mut *tx, id).await?;
         if let Some(took) = store::fills::ended(&mut *tx, run, id).await? {
             let outcome = if report.state == WorkerState::Completed { "completed" } else { "failed" };
             metrics::counter!("astraeus_fills_total", "outcome" => outcome).increment(1);
             metrics::histogram!("astraeus_fill_duration_seconds").record(took);
         }
-    }
-    if report.state.is_terminal() {
-        hub::request_schedule(&mut *tx).await?;
         store::machines::touch_assignments(&mut *tx, &[caller.id]).await?;
+    } else {
+        hub::worker_changed(&mut *tx, id).await?;
     }
     tx.commit().await?;
     Ok(Json(Ack { accepted: true }))

@@ -238,6 +238,11 @@ pub async fn live_on_machine(db: impl PgExecutor<'_>, machine: Uuid) -> sqlx::Re
 /// Recomputes a run's state and reason from its workers.
 pub async fn refresh_run(tx: &mut PgConnection, run: Uuid) -> sqlx::Result<()> {
     sqlx::query("SELECT 1 FROM runs WHERE id = $1 FOR UPDATE").bind(run).execute(&mut *tx).await?;
+    refresh_locked_run(tx, run).await
+}
+
+/// [`refresh_run`] for a transaction that already holds the run's lock ([`lock_run_of`]).
+pub async fn refresh_locked_run(tx: &mut PgConnection, run: Uuid) -> sqlx::Result<()> {
     let rows: Vec<(String, WorkerState, String)> =
         sqlx::query_as("SELECT name, state, reason FROM workers WHERE run_id = $1 ORDER BY index")
             .bind(run)

@@ -145,8 +145,7 @@ async fn a_worker_still_running_in_a_failed_run_keeps_its_drive_in_use(pool: PgP
 
     let run = api.wait_run_ended("pair").await;
     assert_eq!(run["status"]["state"], "Failed", "{run}");
-    let failed = if api.worker("pair-0").await["status"]["state"] == "Failed" { "pair-0" } else { "pair-1" };
-    let running = if failed == "pair-0" { "pair-1" } else { "pair-0" };
+    let running = if api.worker("pair-0").await["status"]["state"] == "Failed" { "pair-1" } else { "pair-0" };
     wait_running(api, running, "sleep 30.307").await;
 
     let drive = api.get("/drives/shared-data").await.expect(StatusCode::OK);

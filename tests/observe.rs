@@ -259,6 +259,59 @@ async fn a_heartbeat_batch_skips_a_machine_held_elsewhere_and_writes_it_with_the
 }
 
 #[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
+async fn an_unchanged_heartbeat_does_not_wait_for_a_pass_holding_its_machine(pool: PgPool) {
+    let mut cluster = Cluster::start(&pool).await;
+    cluster.add_ready_machine("gpu-01").await;
+    cluster.stop().await;
+    let machine: uuid::Uuid =
+        sqlx::query_scalar("SELECT id FROM machines WHERE name = 'gpu-01'").fetch_one(&pool).await.unwrap();
+    let used = || async {
+        sqlx::query_scalar::<_, i64>("SELECT data_used_bytes FROM machines WHERE id = $1")
+            .bind(machine)
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+    };
+    let usage = astraeus::store::machines::Usage { total_bytes: 1000, used_bytes: 123, free_bytes: 877 };
+    let beat = |usage: astraeus::store::machines::Usage| {
+        let pool = pool.clone();
+        async move {
+            let (no_folders, no_bytes, no_flags): (&[String], &[i64], &[bool]) = (&[], &[], &[]);
+            astraeus::store::machines::beat_if_unchanged(
+                &pool, machine, &usage, no_folders, no_bytes, no_flags,
+            )
+            .await
+            .unwrap()
+        }
+    };
+
+    // A placement pass charging the machine holds its row, as `bind_all` locks it, until it commits.
+    let mut pass = pool.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM machines WHERE id = $1 FOR NO KEY UPDATE")
+        .bind(machine)
+        .execute(&mut *pass)
+        .await
+        .unwrap();
+    let answer = tokio::time::timeout(Duration::from_secs(10), beat(usage))
+        .await
+        .expect("the heartbeat does not wait for the pass");
+    let (location, _, written) = answer.expect("nothing differs: the heartbeat is answered");
+    assert!(location.is_some(), "the machine's data location is in the answer");
+    assert!(!written, "the held row is left to the next batch");
+    assert_ne!(used().await, 123);
+
+    pass.commit().await.unwrap();
+    let answer = beat(usage).await.expect("nothing differs");
+    assert!(answer.2, "a free row is written at once");
+    assert_eq!(used().await, 123);
+
+    // A copy the server does not know of is no unchanged heartbeat, held row or not.
+    let unknown = ["default.food101".to_owned()];
+    let other = astraeus::store::machines::beat_if_unchanged(&pool, machine, &usage, &unknown, &[1], &[true]);
+    assert_eq!(other.await.unwrap(), None);
+}
+
+#[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
 async fn heartbeats_do_not_wait_for_a_transaction_that_only_made_something_on_the_machine(pool: PgPool) {
     let mut cluster = Cluster::start(&pool).await;
     cluster.add_ready_machine("gpu-01").await;

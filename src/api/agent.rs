@@ -167,7 +167,10 @@ async fn heartbeat(
     let generation = app.hub.beats.generation(caller.id);
     let same =
         store::machines::beat_if_unchanged(&app.db, caller.id, &usage, &folders, &bytes, &complete).await?;
-    if let Some((data_location, data_limit_bytes)) = same {
+    if let Some((data_location, data_limit_bytes, written)) = same {
+        if !written {
+            app.hub.beats.record(caller.id, &usage);
+        }
         let known = beats::Known { data_location: data_location.clone(), data_limit_bytes };
         app.hub.beats.remember(caller.id, generation, digest, known);
         return Ok(Json(HeartbeatResponse { data_location, data_limit_bytes, delete_copies: vec![] }));

@@ -130,8 +130,11 @@ pub async fn heartbeat(db: impl PgExecutor<'_>, machine: Uuid, usage: &Usage) ->
 
 /// The usual heartbeat in one statement and without a transaction: a Ready machine reporting
 /// exactly the copies it was known to hold (same bytes, same completeness, none to delete) only
-/// refreshes its liveness and usage. Returns its data location and limit, or None when anything
-/// differs and the heartbeat must be reconciled in full.
+/// refreshes its liveness and usage. Returns its data location and limit, and whether its row
+/// was written; None when anything differs and the heartbeat must be reconciled in full. A row
+/// another transaction holds (a placement pass binding workers there) is not waited for: the
+/// caller queues the liveness for the next batch, as for a heartbeat answered from memory, so
+/// heartbeats do not queue behind a pass, each holding a connection.
 pub async fn beat_if_unchanged(
     db: impl PgExecutor<'_>,
     machine: Uuid,
@@ -139,21 +142,27 @@ pub async fn beat_if_unchanged(
     folders: &[String],
     bytes: &[i64],
     complete: &[bool],
-) -> sqlx::Result<Option<(Option<String>, Option<i64>)>> {
+) -> sqlx::Result<Option<(Option<String>, Option<i64>, bool)>> {
     sqlx::query_as(
         "WITH reported AS (SELECT * FROM unnest($5::text[], $6::bigint[], $7::bool[]) AS r(folder, bytes, complete)),
          known AS (SELECT s.name || '.' || d.name AS folder, c.bytes, c.state FROM copies c
                    JOIN drives d ON d.id = c.drive_id JOIN workspaces s ON s.id = d.workspace_id
-                   WHERE c.machine_id = $1)
-         UPDATE machines SET last_heartbeat_at = now(),
-             data_total_bytes = $2, data_used_bytes = $3, data_free_bytes = $4
-         WHERE id = $1 AND state = 'Ready' AND NOT EXISTS (
+                   WHERE c.machine_id = $1),
+         differs AS (
              SELECT 1 FROM reported r FULL JOIN known k ON k.folder = r.folder
              WHERE k.folder IS NULL AND r.folder IS NOT NULL
                 OR r.folder IS NULL AND k.state IN ('Complete', 'Evicting')
                 OR r.folder IS NOT NULL AND (k.state = 'Evicting' OR k.bytes <> r.bytes
-                                             OR (k.state = 'Complete') <> r.complete))
-         RETURNING data_path, data_limit_bytes",
+                                             OR (k.state = 'Complete') <> r.complete)),
+         free AS (SELECT id FROM machines WHERE id = $1 AND state = 'Ready' AND NOT EXISTS (SELECT 1 FROM differs)
+                  FOR NO KEY UPDATE SKIP LOCKED),
+         written AS (
+             UPDATE machines m SET last_heartbeat_at = now(),
+                 data_total_bytes = $2, data_used_bytes = $3, data_free_bytes = $4
+             FROM free WHERE m.id = free.id
+             RETURNING m.id)
+         SELECT m.data_path, m.data_limit_bytes, EXISTS (SELECT 1 FROM written) AS written
+         FROM machines m WHERE m.id = $1 AND m.state = 'Ready' AND NOT EXISTS (SELECT 1 FROM differs)",
     )
     .bind(machine)
     .bind(usage.total_bytes)

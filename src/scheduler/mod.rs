@@ -9,7 +9,7 @@ pub mod select;
 pub mod snapshot;
 
 use std::borrow::Cow;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -103,7 +103,8 @@ async fn pass(db: &PgPool) -> anyhow::Result<(usize, usize)> {
         store::workers::waiting_charges(&mut *tx, &fills.values().copied().collect::<Vec<_>>()).await?;
     // Decided one by one against the in-memory machines, written together at the end.
     let mut binds: Vec<Bind> = Vec::new();
-    let mut used: (Vec<Uuid>, Vec<Uuid>) = (Vec::new(), Vec::new());
+    // Each copy once, however many of the pass's workers mount it there.
+    let mut used: BTreeSet<(Uuid, Uuid)> = BTreeSet::new();
     let mut decided: HashMap<Uuid, (&PendingRow, String, BTreeMap<String, String>)> = HashMap::new();
     for w in &pending {
         // A run deleted since its workers were claimed has none left to place.
@@ -161,16 +162,14 @@ async fn pass(db: &PgPool) -> anyhow::Result<(usize, usize)> {
         // another replica, the fill controller drops the copies nobody waits for.
         make_room(&mut tx, m, &lacking).await?;
         if released {
-            for d in request.placed() {
-                used.0.push(m.id);
-                used.1.push(d.id);
-            }
+            used.extend(request.placed().map(|d| (m.id, d.id)));
         }
         m.take(charge.cpu_millis, charge.memory_bytes, charge.gpus);
         binds.push(Bind { worker: w.id, machine: m.id, charge, released, reason });
         decided.insert(w.id, (w, explained, transports));
     }
-    store::copies::touch_used_pairs(&mut *tx, &used.0, &used.1).await?;
+    let (used_machines, used_drives): (Vec<Uuid>, Vec<Uuid>) = used.into_iter().unzip();
+    store::copies::touch_used_pairs(&mut *tx, &used_machines, &used_drives).await?;
     let bound = store::workers::bind_all(&mut tx, &binds).await?;
     let mut events = Vec::with_capacity(bound.len());
     for id in &bound {
@@ -191,12 +190,7 @@ async fn pass(db: &PgPool) -> anyhow::Result<(usize, usize)> {
         }
     }
     store::events::record_all(&mut *tx, &events).await?;
-    let bound: std::collections::HashSet<Uuid> = bound.into_iter().collect();
-    let mut touched: Vec<Uuid> =
-        binds.iter().filter(|b| bound.contains(&b.worker)).map(|b| b.machine).collect();
-    touched.sort();
-    touched.dedup();
-    store::machines::touch_assignments(&mut *tx, &touched).await?;
+    // The machines' agents were woken by the bind itself.
     tx.commit().await?;
     let placed = bound.len();
     metrics::counter!("astraeus_placements_total").increment(placed as u64);

@@ -97,7 +97,10 @@ pub struct Bind {
 /// Places a pass's Pending workers at once; returns those bound. Each machine takes the sum of
 /// its workers' charges in one conditional UPDATE, refused when it lacks room or is not Ready,
 /// so it is never over-committed; the workers of a machine that refused stay Pending. Machines
-/// are locked in id order, so two passes never wait on each other in a circle.
+/// are locked in id order, so two passes never wait on each other in a circle. The same UPDATE
+/// bumps each taking machine's assignment version and wakes its agent's long-poll on commit
+/// (as [`crate::store::machines::touch_assignments`] does), rather than a second UPDATE of the
+/// same rows.
 pub async fn bind_all(tx: &mut PgConnection, binds: &[Bind]) -> sqlx::Result<Vec<Uuid>> {
     if binds.is_empty() {
         return Ok(vec![]);
@@ -107,13 +110,15 @@ pub async fn bind_all(tx: &mut PgConnection, binds: &[Bind]) -> sqlx::Result<Vec
         "WITH t AS (SELECT machine, sum(cpu) AS cpu, sum(mem) AS mem, sum(gpu) AS gpu
                     FROM unnest($1::uuid[], $2::bigint[], $3::bigint[], $4::bigint[]) AS t(machine, cpu, mem, gpu)
                     GROUP BY machine),
-              locked AS (SELECT m.id FROM machines m JOIN t ON t.machine = m.id ORDER BY m.id FOR NO KEY UPDATE OF m)
-         UPDATE machines m SET cpu_alloc = m.cpu_alloc + t.cpu, memory_alloc = m.memory_alloc + t.mem,
-             gpus_alloc = m.gpus_alloc + t.gpu
-         FROM t, (SELECT count(*) FROM locked) AS l
-         WHERE m.id = t.machine AND m.state = 'Ready' AND m.cpu_alloc + t.cpu <= m.cpu_millis
-           AND m.memory_alloc + t.mem <= m.memory_bytes AND m.gpus_alloc + t.gpu <= m.gpus
-         RETURNING m.id",
+              locked AS (SELECT m.id FROM machines m JOIN t ON t.machine = m.id ORDER BY m.id FOR NO KEY UPDATE OF m),
+              taken AS (
+                 UPDATE machines m SET cpu_alloc = m.cpu_alloc + t.cpu, memory_alloc = m.memory_alloc + t.mem,
+                     gpus_alloc = m.gpus_alloc + t.gpu, assign_version = m.assign_version + 1
+                 FROM t, (SELECT count(*) FROM locked) AS l
+                 WHERE m.id = t.machine AND m.state = 'Ready' AND m.cpu_alloc + t.cpu <= m.cpu_millis
+                   AND m.memory_alloc + t.mem <= m.memory_bytes AND m.gpus_alloc + t.gpu <= m.gpus
+                 RETURNING m.id)
+         SELECT taken.id FROM taken CROSS JOIN LATERAL (SELECT pg_notify('astraeus_machine', taken.id::text)) AS woken",
     )
     .bind(column(&all, |b| b.machine))
     .bind(column(&all, |b| b.charge.cpu_millis))

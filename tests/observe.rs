@@ -2,6 +2,7 @@
 
 mod cluster;
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use cluster::{Cluster, eventually, food101, run_mounting};
@@ -381,6 +382,73 @@ fn sample(page: &str, series: &str) -> f64 {
         .and_then(|l| l.rsplit(' ').next())
         .and_then(|v| v.parse().ok())
         .unwrap_or(0.0)
+}
+
+type Counts = BTreeMap<(String, String), i64>;
+
+/// Workers, copies and runs by state as the gauges count them, and as counting every row does.
+async fn state_counts(pool: &PgPool) -> (Counts, Counts) {
+    let gauged = astraeus::store::counts(pool)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|(kind, _, _)| kind != "machines")
+        .map(|(kind, state, n)| ((kind, state), n))
+        .collect();
+    let counted: Vec<(String, String, i64)> = sqlx::query_as(
+        "SELECT 'workers', state, count(*) FROM workers GROUP BY state
+         UNION ALL SELECT 'copies', state, count(*) FROM copies GROUP BY state
+         UNION ALL SELECT 'runs', state, count(*) FROM runs GROUP BY state",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    (gauged, counted.into_iter().map(|(kind, state, n)| ((kind, state), n)).collect())
+}
+
+fn count(counts: &Counts, kind: &str, state: &str) -> Option<i64> {
+    counts.get(&(kind.to_owned(), state.to_owned())).copied()
+}
+
+#[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
+async fn the_state_gauges_follow_workers_copies_and_runs_added_moved_and_deleted(pool: PgPool) {
+    let mut cluster = Cluster::start(&pool).await;
+    cluster.add_ready_machine("gpu-01").await;
+    let api = cluster.api.clone();
+    api.create_drive(&food101()).await;
+    api.create_run(&run_mounting("done", "true", &["food101"], 0.5)).await;
+    api.wait_completed("done").await;
+    // The machine has 2 cores: this one stays Pending.
+    api.create_run(&run_mounting("big", "true", &[], 4.0)).await;
+    api.wait_reason("big-0", "Insufficient cpu (2 of 4 cores free)").await;
+    let (gauged, counted) = state_counts(&pool).await;
+    assert_eq!(gauged, counted);
+    assert_eq!(count(&counted, "workers", "Pending"), Some(1), "{counted:?}");
+    // The run's worker and the fill's.
+    assert_eq!(count(&counted, "workers", "Completed"), Some(2), "{counted:?}");
+    assert_eq!(count(&counted, "copies", "Complete"), Some(1), "{counted:?}");
+    assert_eq!(count(&counted, "runs", "Pending"), Some(1), "{counted:?}");
+
+    api.delete_run("done").await;
+    assert_eq!(api.delete("/drives/food101").await.status, StatusCode::NO_CONTENT);
+    eventually("the copy is gone", || async {
+        let (_, counted) = state_counts(&pool).await;
+        if count(&counted, "copies", "Complete").is_some() { Err(format!("{counted:?}")) } else { Ok(()) }
+    })
+    .await;
+    let (gauged, counted) = state_counts(&pool).await;
+    assert_eq!(gauged, counted);
+    assert!(count(&counted, "workers", "Completed") < Some(2), "the run's worker is gone: {counted:?}");
+
+    // Folds running together keep every sum, and leave one row a state.
+    let compact = || astraeus::store::compact_state_counts(&pool);
+    let (a, b, c) = tokio::join!(compact(), compact(), compact());
+    (a.unwrap(), b.unwrap(), c.unwrap());
+    let (gauged, counted) = state_counts(&pool).await;
+    assert_eq!(gauged, counted);
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM state_counts").fetch_one(&pool).await.unwrap();
+    assert_eq!(rows, counted.len() as i64);
+    cluster.stop().await;
 }
 
 #[sqlx::test(migrator = "astraeus::store::MIGRATOR")]

@@ -1,5 +1,5 @@
-//! Housekeeping: old events expire, the change log behind watches is compacted, and idle
-//! tokens leave the rate limiter.
+//! Housekeeping: old events expire, the change log behind watches is compacted, the counts of
+//! workers and copies by state are folded, and idle tokens leave the rate limiter.
 
 use std::time::Duration;
 
@@ -31,5 +31,7 @@ pub async fn run(db: PgPool, limiter: Limiter, stop: CancellationToken) {
 pub async fn tick(db: &PgPool) -> anyhow::Result<()> {
     store::events::expire(db, EVENT_AGE).await?;
     store::changes::compact(db, CHANGE_AGE).await?;
+    // Folded on each scrape too; this bounds them on a server nobody scrapes.
+    store::compact_state_counts(db).await?;
     Ok(())
 }

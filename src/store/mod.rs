@@ -77,14 +77,23 @@ pub struct Page {
     pub before: Option<uuid::Uuid>,
 }
 
-/// Objects by state, for gauges: `(workers|runs|machines|copies, state, count)`.
-pub async fn counts(db: impl sqlx::PgExecutor<'_>) -> sqlx::Result<Vec<(String, String, i64)>> {
+/// Objects by state, for gauges: `(workers|runs|machines|copies, state, count)`. All but
+/// machines (as many as the fleet, and updated by every heartbeat batch) are summed from what
+/// each statement appended to `state_counts` (migrations/0010_state_counts.sql), folded first
+/// so the sum stays short.
+pub async fn counts(db: &sqlx::PgPool) -> sqlx::Result<Vec<(String, String, i64)>> {
+    compact_state_counts(db).await?;
+    // A statement of its own: a fold running alongside has committed once ours is done, and a
+    // new statement sees its rows.
     sqlx::query_as(
-        "SELECT 'workers', state, count(*) FROM workers GROUP BY state
-         UNION ALL SELECT 'runs', state, count(*) FROM runs GROUP BY state
-         UNION ALL SELECT 'machines', state, count(*) FROM machines GROUP BY state
-         UNION ALL SELECT 'copies', state, count(*) FROM copies GROUP BY state",
+        "SELECT kind, state, sum(n)::bigint FROM state_counts GROUP BY kind, state HAVING sum(n) <> 0
+         UNION ALL SELECT 'machines', state, count(*) FROM machines GROUP BY state",
     )
     .fetch_all(db)
     .await
+}
+
+/// Folds the rows appended to `state_counts` into one per state.
+pub async fn compact_state_counts(db: impl sqlx::PgExecutor<'_>) -> sqlx::Result<()> {
+    sqlx::query("SELECT compact_state_counts()").execute(db).await.map(drop)
 }

@@ -1,5 +1,5 @@
 //! Housekeeping: old events expire, the change log behind watches is compacted, the counts of
-//! workers and copies by state are folded, and idle tokens leave the rate limiter.
+//! workers, copies and runs by state are folded, and idle tokens leave the rate limiter.
 
 use std::time::Duration;
 

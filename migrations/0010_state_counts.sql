@@ -16,98 +16,41 @@ SELECT 'workers', state, count(*) FROM workers GROUP BY state
 UNION ALL SELECT 'copies', state, count(*) FROM copies GROUP BY state
 UNION ALL SELECT 'runs', state, count(*) FROM runs GROUP BY state;
 
-CREATE OR REPLACE FUNCTION record_worker_changes() RETURNS trigger LANGUAGE plpgsql SET enable_nestloop = off AS $$
-DECLARE
-    recorded bigint;
+-- One function for the three tables, named by the trigger's argument; the change-log triggers
+-- of workers and copies stay as they are.
+CREATE FUNCTION count_states() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     IF TG_OP = 'INSERT' THEN
-        INSERT INTO changes (kind, workspace_id, name, type)
-        SELECT 'workers', n.workspace_id, n.name, 'ADDED' FROM new_rows n;
-        GET DIAGNOSTICS recorded = ROW_COUNT;
-        INSERT INTO state_counts (kind, state, n) SELECT 'workers', state, count(*) FROM new_rows GROUP BY state;
+        INSERT INTO state_counts (kind, state, n) SELECT TG_ARGV[0], state, count(*) FROM new_rows GROUP BY state;
     ELSIF TG_OP = 'DELETE' THEN
-        INSERT INTO changes (kind, workspace_id, name, type)
-        SELECT 'workers', o.workspace_id, o.name, 'DELETED' FROM old_rows o
-        UNION ALL
-        SELECT DISTINCT 'runs', r.workspace_id, r.name, 'MODIFIED'
-        FROM runs r WHERE r.id = ANY (ARRAY(SELECT run_id FROM old_rows));
-        GET DIAGNOSTICS recorded = ROW_COUNT;
-        INSERT INTO state_counts (kind, state, n) SELECT 'workers', state, -count(*) FROM old_rows GROUP BY state;
-    ELSE
-        WITH changed AS (
-            SELECT n.workspace_id, n.name, n.run_id FROM new_rows n JOIN old_rows o ON o.id = n.id
-            WHERE (o.state, o.reason, o.machine_id, o.released, o.exit_code)
-                  IS DISTINCT FROM (n.state, n.reason, n.machine_id, n.released, n.exit_code))
-        INSERT INTO changes (kind, workspace_id, name, type)
-        SELECT 'workers', c.workspace_id, c.name, 'MODIFIED' FROM changed c
-        UNION ALL
-        SELECT DISTINCT 'runs', r.workspace_id, r.name, 'MODIFIED'
-        FROM runs r WHERE r.id = ANY (ARRAY(SELECT run_id FROM changed));
-        GET DIAGNOSTICS recorded = ROW_COUNT;
-        INSERT INTO state_counts (kind, state, n)
-        SELECT 'workers', state, sum(d) FROM (SELECT state, 1 AS d FROM new_rows UNION ALL SELECT state, -1 FROM old_rows) s
-        GROUP BY state HAVING sum(d) <> 0;
-    END IF;
-    IF recorded > 0 THEN
-        PERFORM pg_notify('astraeus_change', 'workers');
-    END IF;
-    RETURN NULL;
-END $$;
-
-CREATE OR REPLACE FUNCTION record_copy_changes() RETURNS trigger LANGUAGE plpgsql SET enable_nestloop = off AS $$
-DECLARE
-    recorded bigint;
-BEGIN
-    IF TG_OP = 'INSERT' THEN
-        INSERT INTO changes (kind, workspace_id, name, type)
-        SELECT DISTINCT 'drives', d.workspace_id, d.name, 'MODIFIED'
-        FROM drives d WHERE d.id = ANY (ARRAY(SELECT drive_id FROM new_rows));
-        GET DIAGNOSTICS recorded = ROW_COUNT;
-        INSERT INTO state_counts (kind, state, n) SELECT 'copies', state, count(*) FROM new_rows GROUP BY state;
-    ELSIF TG_OP = 'DELETE' THEN
-        INSERT INTO changes (kind, workspace_id, name, type)
-        SELECT DISTINCT 'drives', d.workspace_id, d.name, 'MODIFIED'
-        FROM drives d WHERE d.id = ANY (ARRAY(SELECT drive_id FROM old_rows));
-        GET DIAGNOSTICS recorded = ROW_COUNT;
-        INSERT INTO state_counts (kind, state, n) SELECT 'copies', state, -count(*) FROM old_rows GROUP BY state;
-    ELSE
-        INSERT INTO changes (kind, workspace_id, name, type)
-        SELECT DISTINCT 'drives', d.workspace_id, d.name, 'MODIFIED'
-        FROM drives d WHERE d.id = ANY (ARRAY(
-            SELECT n.drive_id FROM new_rows n JOIN old_rows o ON o.id = n.id
-            WHERE (o.state, o.bytes, o.last_used_at) IS DISTINCT FROM (n.state, n.bytes, n.last_used_at)));
-        GET DIAGNOSTICS recorded = ROW_COUNT;
-        INSERT INTO state_counts (kind, state, n)
-        SELECT 'copies', state, sum(d) FROM (SELECT state, 1 AS d FROM new_rows UNION ALL SELECT state, -1 FROM old_rows) s
-        GROUP BY state HAVING sum(d) <> 0;
-    END IF;
-    IF recorded > 0 THEN
-        PERFORM pg_notify('astraeus_change', 'drives');
-    END IF;
-    RETURN NULL;
-END $$;
-
--- Runs keep their row triggers for the change log; these only count.
-CREATE FUNCTION count_run_states() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    IF TG_OP = 'INSERT' THEN
-        INSERT INTO state_counts (kind, state, n) SELECT 'runs', state, count(*) FROM new_rows GROUP BY state;
-    ELSIF TG_OP = 'DELETE' THEN
-        INSERT INTO state_counts (kind, state, n) SELECT 'runs', state, -count(*) FROM old_rows GROUP BY state;
+        INSERT INTO state_counts (kind, state, n) SELECT TG_ARGV[0], state, -count(*) FROM old_rows GROUP BY state;
     ELSE
         INSERT INTO state_counts (kind, state, n)
-        SELECT 'runs', state, sum(d) FROM (SELECT state, 1 AS d FROM new_rows UNION ALL SELECT state, -1 FROM old_rows) s
+        SELECT TG_ARGV[0], state, sum(d) FROM (SELECT state, 1 AS d FROM new_rows UNION ALL SELECT state, -1 FROM old_rows) s
         GROUP BY state HAVING sum(d) <> 0;
     END IF;
     RETURN NULL;
 END $$;
 
+-- A trigger with transition tables takes one event, hence three a table.
+CREATE TRIGGER workers_counted_added AFTER INSERT ON workers REFERENCING NEW TABLE AS new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION count_states('workers');
+CREATE TRIGGER workers_counted_modified AFTER UPDATE ON workers REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION count_states('workers');
+CREATE TRIGGER workers_counted_deleted AFTER DELETE ON workers REFERENCING OLD TABLE AS old_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION count_states('workers');
+CREATE TRIGGER copies_counted_added AFTER INSERT ON copies REFERENCING NEW TABLE AS new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION count_states('copies');
+CREATE TRIGGER copies_counted_modified AFTER UPDATE ON copies REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION count_states('copies');
+CREATE TRIGGER copies_counted_deleted AFTER DELETE ON copies REFERENCING OLD TABLE AS old_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION count_states('copies');
 CREATE TRIGGER runs_counted_added AFTER INSERT ON runs REFERENCING NEW TABLE AS new_rows
-    FOR EACH STATEMENT EXECUTE FUNCTION count_run_states();
+    FOR EACH STATEMENT EXECUTE FUNCTION count_states('runs');
 CREATE TRIGGER runs_counted_modified AFTER UPDATE ON runs REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
-    FOR EACH STATEMENT EXECUTE FUNCTION count_run_states();
+    FOR EACH STATEMENT EXECUTE FUNCTION count_states('runs');
 CREATE TRIGGER runs_counted_deleted AFTER DELETE ON runs REFERENCING OLD TABLE AS old_rows
-    FOR EACH STATEMENT EXECUTE FUNCTION count_run_states();
+    FOR EACH STATEMENT EXECUTE FUNCTION count_states('runs');
 
 -- Folds the appended rows into one per state. The rows it deletes are those its snapshot
 -- sees; rows appended meanwhile stay, and a concurrent fold skips the rows this one deleted,

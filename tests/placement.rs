@@ -336,6 +336,55 @@ async fn room_for_a_new_copy_comes_from_the_least_recently_used_evictable_copy_n
 }
 
 #[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
+async fn a_run_pinned_to_a_machine_weighs_its_copies_room_and_use_there(pool: PgPool) {
+    // A pass whose runs all name their machines reads only those machines' copies: the named
+    // machine's must still count, with which of them are in use.
+    const COPY: i64 = 100_000;
+    let fill = "set -e; head -c 100000 /dev/urandom > /drive/blob; touch /drive/.astralyx-filled";
+    let mut cluster = Cluster::start(&pool).await;
+    cluster.add_machine("gpu-01").await;
+    cluster.add_machine("gpu-02").await;
+    // Room for two copies and half of a third: 250 kB.
+    cluster.confirm("gpu-01", Some(2 * COPY + COPY / 2)).await;
+    let api = cluster.api.clone();
+    for (name, evictable) in [("kept", false), ("held", true), ("extra", true)] {
+        api.create_drive(&placed_drive(name, COPY as u64, evictable, fill, 0.5)).await;
+    }
+    let on_gpu01 =
+        |run: &str, script: &str, drive: &str| pinned(run_mounting(run, script, &[drive], 0.1), "gpu-01");
+    api.create_run(&on_gpu01("use-kept", "true", "kept")).await;
+    api.wait_completed("use-kept").await;
+    api.create_run(&on_gpu01("hold", "sleep 300", "held")).await;
+    api.wait_worker("hold-0", "Running").await;
+
+    // 50 kB free; kept may not be evicted and held is in use, so extra does not fit.
+    api.create_run(&on_gpu01("use-extra", "cat /data/blob > /dev/null", "extra")).await;
+    let worker = api
+        .wait_reason(
+            "use-extra-0",
+            "0/2 machines are available: 1 drive extra needs 100.0 kB at this machine's data location, \
+             50.0 kB free, 1 not among the run's node_selection names",
+        )
+        .await;
+    assert_eq!(worker["status"]["state"], "Pending");
+
+    // Once nothing uses held, it makes room.
+    api.delete_run("hold").await;
+    api.wait_completed("use-extra").await;
+    let gpu01 = cluster.machine("gpu-01");
+    eventually("the evicted copy's folder is deleted", || async {
+        let dir = gpu01.copy_dir("default.held");
+        if dir.exists() { Err(format!("{} still exists", dir.display())) } else { Ok(()) }
+    })
+    .await;
+    for kept in ["kept", "extra"] {
+        assert!(gpu01.copy_dir(&format!("default.{kept}")).join(".astralyx-filled").exists(), "{kept}");
+    }
+    assert_eq!(api.worker("use-extra-0").await["status"]["machine"], "gpu-01");
+    cluster.stop().await;
+}
+
+#[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
 async fn a_worker_that_cannot_be_placed_says_why_until_the_cause_is_gone(pool: PgPool) {
     let mut cluster = Cluster::start(&pool).await;
     cluster.add_machine("gpu-01").await;

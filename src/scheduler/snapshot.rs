@@ -100,6 +100,14 @@ impl Request {
         }
     }
 
+    /// The machines it is limited to, when it names them.
+    pub fn named(&self) -> Option<impl Iterator<Item = &str>> {
+        match self.selection.mode {
+            SelectionMode::Any => None,
+            SelectionMode::Exact => Some(self.selection.names.iter().map(|n| n.as_str())),
+        }
+    }
+
     pub fn placed(&self) -> impl Iterator<Item = &DriveNeed> {
         self.drives.iter().filter(|d| d.is_placed())
     }

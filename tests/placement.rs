@@ -474,6 +474,46 @@ async fn a_shared_drive_needs_no_fill_and_no_data_location(pool: PgPool) {
 }
 
 #[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
+async fn a_worker_waiting_for_a_placed_drive_waits_for_no_shared_drive_it_also_mounts(pool: PgPool) {
+    let mut cluster = Cluster::start(&pool).await;
+    cluster.add_machine("gpu-01").await;
+    cluster.confirm("gpu-01", None).await;
+    let api = cluster.api.clone();
+    let lustre = open_tempdir();
+    std::fs::write(lustre.path().join("README"), "on every machine\n").unwrap();
+    api.grant_host_paths(&[lustre.path()]).await;
+    api.create_drive(&json!({
+        "metadata": {"name": "imagenet"},
+        "spec": {"sources": [{"node_scope": "shared", "path": lustre.path(), "mount_path": "/data", "mode": "ReadOnly"}]}
+    }))
+    .await;
+    let fill = format!("echo kept > /drive/labels.txt; {GATED_MARKER}");
+    api.create_drive(&placed_drive("labels", 1_000, true, &fill, 0.5)).await;
+
+    let both = run_mounting("both", "cat /data/labels.txt /data2/README", &["labels", "imagenet"], 0.5);
+    api.create_run(&both).await;
+    api.wait_reason("both-0", "Waiting for drive default.labels to be filled on gpu-01").await;
+    // What the fill controller reads: the worker waits for its placed drive only.
+    let mut conn = cluster.db.acquire().await.unwrap();
+    let waiting = astraeus::store::fills::waiting(&mut conn).await.unwrap();
+    drop(conn);
+    let labels = api.drive("labels").await;
+    assert_eq!(waiting.len(), 1, "{waiting:?}");
+    assert_eq!(
+        waiting[0].drive.to_string(),
+        labels["metadata"]["uid"].as_str().unwrap_or_default(),
+        "{labels}"
+    );
+    assert_eq!(api.drive("imagenet").await["copies"], json!([]));
+
+    std::fs::write(cluster.machine("gpu-01").copy_dir("default.labels").join("gate"), "").unwrap();
+    api.wait_completed("both").await;
+    assert_eq!(api.logs("both-0").await, "kept\non every machine\n");
+    assert_eq!(cluster.fill_runs().await, 1);
+    cluster.stop().await;
+}
+
+#[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
 async fn a_drive_on_one_machine_with_transport_local_sends_every_run_to_that_machine(pool: PgPool) {
     let mut cluster = Cluster::start(&pool).await;
     cluster.add_machine("gpu-01").await;

@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use cluster::{
-    Cluster, FOOD101_FILL, REFILL_AFTER_SECONDS, eventually, food101, json, open_tempdir, pinned,
+    Api, Cluster, FOOD101_FILL, REFILL_AFTER_SECONDS, eventually, food101, json, open_tempdir, pinned,
     placed_drive, run_mounting,
 };
 use reqwest::StatusCode;
@@ -450,11 +450,9 @@ async fn with_several_machines_the_reason_sums_up_why_each_was_rejected(pool: Pg
     cluster.stop().await;
 }
 
-#[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
-async fn a_shared_drive_needs_no_fill_and_no_data_location(pool: PgPool) {
-    let mut cluster = Cluster::start(&pool).await;
-    cluster.add_machine("gpu-01").await;
-    let api = cluster.api.clone();
+/// Drive `imagenet`, `node_scope: shared`: a granted host folder (kept as long as the returned
+/// guard) holding `README`, reached the same way on every machine.
+async fn shared_imagenet(api: &Api) -> tempfile::TempDir {
     let lustre = open_tempdir();
     std::fs::write(lustre.path().join("README"), "on every machine\n").unwrap();
     api.grant_host_paths(&[lustre.path()]).await;
@@ -463,6 +461,15 @@ async fn a_shared_drive_needs_no_fill_and_no_data_location(pool: PgPool) {
         "spec": {"sources": [{"node_scope": "shared", "path": lustre.path(), "mount_path": "/data", "mode": "ReadOnly"}]}
     }))
     .await;
+    lustre
+}
+
+#[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
+async fn a_shared_drive_needs_no_fill_and_no_data_location(pool: PgPool) {
+    let mut cluster = Cluster::start(&pool).await;
+    cluster.add_machine("gpu-01").await;
+    let api = cluster.api.clone();
+    let _lustre = shared_imagenet(&api).await;
 
     api.create_run(&run_mounting("read", "cat /data/README", &["imagenet"], 1.0)).await;
     api.wait_completed("read").await;
@@ -479,14 +486,7 @@ async fn a_worker_waiting_for_a_placed_drive_waits_for_no_shared_drive_it_also_m
     cluster.add_machine("gpu-01").await;
     cluster.confirm("gpu-01", None).await;
     let api = cluster.api.clone();
-    let lustre = open_tempdir();
-    std::fs::write(lustre.path().join("README"), "on every machine\n").unwrap();
-    api.grant_host_paths(&[lustre.path()]).await;
-    api.create_drive(&json!({
-        "metadata": {"name": "imagenet"},
-        "spec": {"sources": [{"node_scope": "shared", "path": lustre.path(), "mount_path": "/data", "mode": "ReadOnly"}]}
-    }))
-    .await;
+    let _lustre = shared_imagenet(&api).await;
     let fill = format!("echo kept > /drive/labels.txt; {GATED_MARKER}");
     api.create_drive(&placed_drive("labels", 1_000, true, &fill, 0.5)).await;
 

@@ -66,11 +66,10 @@ pub async fn for_placement(
          LEFT JOIN (SELECT DISTINCT w.machine_id, rm.drive_id FROM workers w JOIN run_mounts rm ON rm.run_id = w.run_id
                     WHERE w.machine_id IS NOT NULL AND w.state NOT IN ('Completed', 'Failed'){}
                       AND rm.drive_id IN (SELECT drive_id FROM copies WHERE evictable AND state = 'Complete'{})) u
-             ON u.machine_id = c.machine_id AND u.drive_id = c.drive_id
-         WHERE true{}",
+             ON u.machine_id = c.machine_id AND u.drive_id = c.drive_id{}",
         on("w.machine_id"),
         on("machine_id"),
-        on("c.machine_id"),
+        machines.map_or("", |_| " WHERE c.machine_id = ANY($1)"),
     );
     match machines {
         None => sqlx::query_as(&sql).fetch_all(db).await,

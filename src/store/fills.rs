@@ -41,8 +41,10 @@ pub async fn waiting(tx: &mut PgConnection) -> sqlx::Result<Vec<WaitingRow>> {
     .fetch_all(&mut *tx)
     .await?;
     let mut placed: HashMap<Uuid, Vec<Uuid>> = HashMap::new();
-    for (run, drive, _) in mounts.into_iter().filter(|m| m.2) {
-        placed.entry(run).or_default().push(drive);
+    for (run, drive, is_placed) in mounts {
+        if is_placed {
+            placed.entry(run).or_default().push(drive);
+        }
     }
     Ok(workers
         .into_iter()

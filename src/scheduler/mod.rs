@@ -26,8 +26,8 @@ use crate::store::{
 use score::Score;
 use snapshot::{CopyState, CopyView, DriveNeed, MachineView, Request};
 
-/// Workers claimed per transaction. Each pass reads every machine and, unless its runs name
-/// their machines, every copy first (85–165 ms at 10,000 machines with 100,000 copies), so
+/// Workers claimed per transaction. Unless its runs all name their machines, each pass reads
+/// every machine and every copy first (85–165 ms at 10,000 machines with 100,000 copies), so
 /// larger batches spread that over more placements.
 const BATCH: i64 = 4096;
 /// The safety net when no notification arrives.
@@ -85,7 +85,10 @@ async fn pass(db: &PgPool) -> anyhow::Result<(usize, usize)> {
         return Ok((0, 0));
     }
     let requests: HashMap<Uuid, Request> = runs.values().map(|r| (r.id, request(r))).collect();
-    let mut machines = load_machines(&mut tx, named(requests.values())).await?;
+    let scope = scope(requests.values());
+    let mut machines = load_machines(&mut tx, scope.as_deref()).await?;
+    // The machines not read, should a worker fit none of those that were.
+    let mut others: Option<Vec<MachineView>> = None;
     // Copies made whole during the pass are not: the index stays true for the whole pass.
     let index = select::warm_index(&machines);
     // A run's workers ask for the same: their warm machines are ranked once.
@@ -131,6 +134,14 @@ async fn pass(db: &PgPool) -> anyhow::Result<(usize, usize)> {
         let choice = match select::select(&machines, &request, warm) {
             Ok(c) => c,
             Err(why) => {
+                let why = match scope {
+                    None => why,
+                    Some(_) => match why_none(&mut tx, &machines, &mut others, &request).await? {
+                        Some(why) => why,
+                        // One has joined since the pass read its machines: the next pass sees it.
+                        None => continue,
+                    },
+                };
                 if w.reason != why {
                     store::workers::set_pending_reason(&mut *tx, w.id, &why).await?;
                     event(&mut tx, w, true, "FailedScheduling", &why).await?;
@@ -298,27 +309,27 @@ fn transports(drives: &[DriveNeed], m: &MachineView, all: &[MachineView]) -> BTr
         .collect()
 }
 
-/// The machines the requests name, when every one of them names its machines (a fill, a run
-/// pinned to one machine); `None` when any may go anywhere.
-fn named<'a>(requests: impl IntoIterator<Item = &'a Request>) -> Option<BTreeSet<&'a str>> {
-    requests.into_iter().try_fold(BTreeSet::new(), |mut names, r| {
+/// The machines a pass reads when every run names its machines (a fill, a run pinned to one
+/// machine): those, and the machines their drives are kept on, for [`transports`]. `None` when
+/// any may go anywhere.
+fn scope<'a>(requests: impl IntoIterator<Item = &'a Request>) -> Option<Vec<&'a str>> {
+    let names = requests.into_iter().try_fold(BTreeSet::new(), |mut names, r| {
         names.extend(r.named()?);
+        names.extend(r.drives.iter().filter_map(|d| d.node.as_deref()));
         Some(names)
-    })
+    })?;
+    Some(names.into_iter().collect())
 }
 
-/// Every machine with its free resources, data-location room and copies. Only the copies of
-/// the `named` machines are read when given: every other machine is turned down by name before
-/// its copies are looked at, and at 10,000 machines every copy is 100,000 rows a pass.
+/// Machines with their free resources, data-location room and copies, in the scheduler's order:
+/// every one, or only those `scope` names. Every other machine would be turned down by name
+/// before its copies were looked at, and at 10,000 machines every copy is 100,000 rows a pass.
 async fn load_machines(
     tx: &mut sqlx::PgConnection,
-    named: Option<BTreeSet<&str>>,
+    scope: Option<&[&str]>,
 ) -> anyhow::Result<Vec<MachineView>> {
-    let mut machines = store::machines::for_placement(&mut *tx).await?;
-    // Ties go to the first machine: by cluster, then name, byte by byte.
-    machines.sort_unstable_by(|a, b| (&a.cluster, &a.name).cmp(&(&b.cluster, &b.name)));
-    let only: Option<Vec<Uuid>> =
-        named.map(|n| machines.iter().filter(|m| n.contains(m.name.as_str())).map(|m| m.id).collect());
+    let read = store::machines::for_placement(&mut *tx, scope).await?;
+    let only: Option<Vec<Uuid>> = scope.map(|_| read.iter().map(|m| m.id).collect());
     let mut copies: HashMap<Uuid, HashMap<Uuid, CopyView>> = HashMap::new();
     for c in store::copies::for_placement(&mut *tx, only.as_deref()).await? {
         let view = CopyView {
@@ -331,7 +342,34 @@ async fn load_machines(
         };
         copies.entry(c.machine_id).or_default().insert(c.drive_id, view);
     }
-    Ok(machines
+    let mut machines = views(read, copies);
+    machines.sort_unstable_by(snapshot::placement_order);
+    Ok(machines)
+}
+
+/// Why `r` fits no machine, when the pass read only the machines its runs name (`read`): the
+/// reason counts every machine turned down, so the others are read too, once a pass, without
+/// their copies. `None` when one of them fits after all.
+async fn why_none(
+    tx: &mut sqlx::PgConnection,
+    read: &[MachineView],
+    others: &mut Option<Vec<MachineView>>,
+    r: &Request,
+) -> anyhow::Result<Option<String>> {
+    if others.is_none() {
+        let known: BTreeSet<Uuid> = read.iter().map(|m| m.id).collect();
+        let mut rest = store::machines::for_placement(&mut *tx, None).await?;
+        rest.retain(|m| !known.contains(&m.id));
+        *others = Some(views(rest, HashMap::new()));
+    }
+    Ok(select::why_none(read, others.as_deref().unwrap_or_default(), r))
+}
+
+fn views(
+    machines: Vec<store::machines::PlacementMachine>,
+    mut copies: HashMap<Uuid, HashMap<Uuid, CopyView>>,
+) -> Vec<MachineView> {
+    machines
         .into_iter()
         .map(|m| {
             let copies = copies.remove(&m.id).unwrap_or_default();
@@ -352,5 +390,5 @@ async fn load_machines(
                 copies,
             }
         })
-        .collect())
+        .collect()
 }

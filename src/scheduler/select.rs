@@ -7,7 +7,7 @@ use uuid::Uuid;
 
 use super::filter::fits;
 use super::score::{Score, bound, score};
-use super::snapshot::{CopyState, MachineView, Request};
+use super::snapshot::{CopyState, MachineView, Request, placement_order};
 
 /// The machine chosen, with its score and the runner-up's, for the event that explains it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -28,19 +28,46 @@ pub fn select(machines: &[MachineView], r: &Request, warm: &[(Score, usize)]) ->
         return Ok(Choice { index, score, runner_up: Some((i, s)) });
     }
     let (best, second, reasons) = rank(machines, r, 0..machines.len());
-    if let Some((score, index)) = best {
-        return Ok(Choice { index, score, runner_up: second.map(|(s, i)| (i, s)) });
+    match best {
+        Some((score, index)) => Ok(Choice { index, score, runner_up: second.map(|(s, i)| (i, s)) }),
+        None => Err(summary(machines.len(), &reasons)),
     }
-    if machines.is_empty() {
-        return Err("no machines have joined the cluster yet".into());
+}
+
+/// Why `r` fits none of `read` and `others` taken together in the scheduler's order, as
+/// [`select`] says it; `None` when one fits. A pass whose runs name their machines reads only
+/// those (`read`): the others are needed only for this, since the reason counts every machine.
+pub fn why_none(read: &[MachineView], others: &[MachineView], r: &Request) -> Option<String> {
+    let mut all: Vec<&MachineView> = read.iter().chain(others).collect();
+    all.sort_unstable_by(|a, b| placement_order(a, b));
+    let mut reasons = Vec::new();
+    for m in &all {
+        let Err(why) = fits(m, r) else {
+            return None;
+        };
+        tally(&mut reasons, why);
     }
-    if let [(why, 1)] = reasons.as_slice() {
-        if machines.len() == 1 {
-            return Err(why.clone());
+    Some(summary(all.len(), &reasons))
+}
+
+/// Every rejection's reason with its count, in words: `0/3 machines are available: 2
+/// Insufficient cpu (…), 1 NotReady`, or the one reason of the only machine.
+fn summary(machines: usize, reasons: &[(String, usize)]) -> String {
+    match reasons {
+        _ if machines == 0 => "no machines have joined the cluster yet".into(),
+        [(why, 1)] if machines == 1 => why.clone(),
+        _ => {
+            let parts: Vec<String> = reasons.iter().map(|(why, n)| format!("{n} {why}")).collect();
+            format!("0/{machines} machines are available: {}", parts.join(", "))
         }
     }
-    let parts: Vec<String> = reasons.iter().map(|(why, n)| format!("{n} {why}")).collect();
-    Err(format!("0/{} machines are available: {}", machines.len(), parts.join(", ")))
+}
+
+fn tally(reasons: &mut Vec<(String, usize)>, why: String) {
+    match reasons.iter_mut().find(|(w, _)| *w == why) {
+        Some((_, n)) => *n += 1,
+        None => reasons.push((why, 1)),
+    }
 }
 
 /// The best and second-best fitting machines with a whole copy among `warm`, as a scan in
@@ -96,10 +123,7 @@ fn rank(machines: &[MachineView], r: &Request, indices: impl Iterator<Item = usi
                     second = Some((s, i));
                 }
             }
-            Err(why) => match reasons.iter_mut().find(|(w, _)| *w == why) {
-                Some((_, n)) => *n += 1,
-                None => reasons.push((why, 1)),
-            },
+            Err(why) => tally(&mut reasons, why),
         }
     }
     (best, second, reasons)
@@ -139,7 +163,8 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
-    use crate::domain::task::NodeSelection;
+    use crate::domain::Name;
+    use crate::domain::task::{NodeSelection, SelectionMode};
     use crate::scheduler::snapshot::{CopyView, DriveNeed};
 
     fn machine(name: &str, cpu_free: i64, ready: bool) -> MachineView {
@@ -263,15 +288,20 @@ mod tests {
         m
     }
 
+    /// Up to 12 machines, most of them ready.
+    fn fleet() -> impl Strategy<Value = Vec<Drawn>> {
+        let copies =
+            prop::collection::vec((0u8..4, 0usize..4, 0i64..3_000, any::<bool>(), any::<bool>()), 0..4);
+        let machine = (0i64..4000, prop::bool::weighted(0.9), prop::option::of(0i64..5_000), copies);
+        prop::collection::vec(machine, 0..12)
+    }
+
     proptest! {
         /// Looking first at the machines that hold the data chooses what scanning every machine
         /// chooses, runner-up and reasons included.
         #[test]
         fn the_warm_shortcut_chooses_what_a_full_scan_does(
-            drawn in prop::collection::vec(
-                (0i64..4000, prop::bool::weighted(0.9), prop::option::of(0i64..5_000),
-                 prop::collection::vec((0u8..4, 0usize..4, 0i64..3_000, any::<bool>(), any::<bool>()), 0..4)),
-                0..12),
+            drawn in fleet(),
             mounts in prop::collection::vec((0u8..4, 0i64..4_000), 1..3),
             cpu in 0i64..3000,
         ) {
@@ -282,15 +312,41 @@ mod tests {
             prop_assert_eq!(select(&ms, &r, &warm), select(&ms, &r, &[]));
         }
 
+        /// A pass that read only the machines its run names (and some more, as it reads the
+        /// machines the run's drives are kept on) gives a worker that fits none of them the
+        /// reason a pass that read every machine gives, in the same order.
+        #[test]
+        fn the_machines_read_and_the_others_give_the_reason_every_machine_gives(
+            drawn in fleet(),
+            roles in prop::collection::vec((prop::bool::weighted(0.8), any::<bool>(), any::<bool>()), 12),
+            mounts in prop::collection::vec((0u8..4, 0i64..4_000), 1..3),
+            cpu in 0i64..3000,
+        ) {
+            let mut ms: Vec<MachineView> = drawn.into_iter().enumerate().map(|(i, d)| drawn_machine(i, d)).collect();
+            let mut r = request(cpu);
+            r.drives = mounts.into_iter().map(|(n, hint)| drive(n, hint)).collect();
+            r.selection.mode = SelectionMode::Exact;
+            let mut read = Vec::new();
+            let mut others = Vec::new();
+            for (m, &(home, named, read_too)) in ms.iter_mut().zip(&roles) {
+                if !home {
+                    m.cluster = "other".into();
+                }
+                if named {
+                    r.selection.names.push(Name::parse(&m.name).unwrap());
+                }
+                if named || read_too { read.push(m.clone()) } else { others.push(m.clone()) }
+            }
+            ms.sort_unstable_by(placement_order);
+            prop_assert_eq!(why_none(&read, &others, &r), select(&ms, &r, &[]).err());
+        }
+
         /// The warm lists made when the pass begins still choose what a full scan does for
         /// each worker of two runs in turn, as each bound worker takes its machine's resources
         /// and has the copies it lacks made there (which the other run may mount too).
         #[test]
         fn the_warm_lists_of_a_pass_hold_for_every_worker_of_it(
-            drawn in prop::collection::vec(
-                (0i64..4000, prop::bool::weighted(0.9), prop::option::of(0i64..5_000),
-                 prop::collection::vec((0u8..4, 0usize..4, 0i64..3_000, any::<bool>(), any::<bool>()), 0..4)),
-                0..12),
+            drawn in fleet(),
             mounts in prop::collection::vec(prop::collection::vec((0u8..4, 0i64..4_000), 1..3), 2),
             cpu in prop::collection::vec(0i64..1500, 2),
             workers in prop::collection::vec(0usize..2, 1..16),

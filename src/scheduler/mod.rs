@@ -347,9 +347,10 @@ async fn load_machines(
     Ok(machines)
 }
 
-/// Why `r` fits no machine, when the pass read only the machines its runs name (`read`): the
-/// reason counts every machine turned down, so the others are read too, once a pass, without
-/// their copies. `None` when one of them fits after all.
+/// Why `r` fits no machine, when the pass read only the machines its runs name (`read`, in the
+/// scheduler's order): the reason counts every machine turned down, so the others are read
+/// too, once a pass, without their copies, and kept in the same order. `None` when one of them
+/// fits after all.
 async fn why_none(
     tx: &mut sqlx::PgConnection,
     read: &[MachineView],
@@ -360,7 +361,9 @@ async fn why_none(
         let known: BTreeSet<Uuid> = read.iter().map(|m| m.id).collect();
         let mut rest = store::machines::for_placement(&mut *tx, None).await?;
         rest.retain(|m| !known.contains(&m.id));
-        *others = Some(views(rest, HashMap::new()));
+        let mut rest = views(rest, HashMap::new());
+        rest.sort_unstable_by(snapshot::placement_order);
+        *others = Some(rest);
     }
     Ok(select::why_none(read, others.as_deref().unwrap_or_default(), r))
 }

@@ -34,20 +34,25 @@ pub fn select(machines: &[MachineView], r: &Request, warm: &[(Score, usize)]) ->
     }
 }
 
-/// Why `r` fits none of `read` and `others` taken together in the scheduler's order, as
-/// [`select`] says it; `None` when one fits. A pass whose runs name their machines reads only
-/// those (`read`): the others are needed only for this, since the reason counts every machine.
+/// Why `r` fits none of `read` and `others` taken together, as [`select`] says it; `None` when
+/// one fits. A pass whose runs name their machines reads only those (`read`): the others are
+/// needed only for this, since the reason counts every machine. Both are in the scheduler's
+/// order, so merging them gives every machine in that order without sorting for each worker.
 pub fn why_none(read: &[MachineView], others: &[MachineView], r: &Request) -> Option<String> {
-    let mut all: Vec<&MachineView> = read.iter().chain(others).collect();
-    all.sort_unstable_by(|a, b| placement_order(a, b));
+    let (mut a, mut b) = (read.iter().peekable(), others.iter().peekable());
     let mut reasons = Vec::new();
-    for m in &all {
+    loop {
+        let next = match (a.peek(), b.peek()) {
+            (Some(x), Some(y)) if placement_order(x, y).is_gt() => b.next(),
+            _ => a.next().or_else(|| b.next()),
+        };
+        let Some(m) = next else { break };
         let Err(why) = fits(m, r) else {
             return None;
         };
         tally(&mut reasons, why);
     }
-    Some(summary(all.len(), &reasons))
+    Some(summary(read.len() + others.len(), &reasons))
 }
 
 /// Every rejection's reason with its count, in words: `0/3 machines are available: 2
@@ -337,7 +342,9 @@ mod tests {
                 }
                 if named || read_too { read.push(m.clone()) } else { others.push(m.clone()) }
             }
-            ms.sort_unstable_by(placement_order);
+            for machines in [&mut ms, &mut read, &mut others] {
+                machines.sort_unstable_by(placement_order);
+            }
             prop_assert_eq!(why_none(&read, &others, &r), select(&ms, &r, &[]).err());
         }
 

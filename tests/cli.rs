@@ -310,6 +310,15 @@ async fn the_recipes_runs_logs_and_delete_lines_print_what_the_recipe_shows(pool
     assert_eq!(again, "run inspect-food101 unchanged (exists)\n");
     let described = dev.ok(&["astraeus", "describe", "drive", "food101"]);
     assert!(described.contains("gpu-01") && described.contains("Complete"), "{described}");
+    // A drive holds its first 100 users; describe lists the rest too. These 101 ask for more
+    // GPUs than gpu-01 has, so they stay Pending.
+    let queue = dev.sh("jq '.metadata.name = \"queue\" | .spec.replicas = 101 \
+             | .spec.task_template.requested_resources.gpus = 64' examples/inspect.json \
+         | astra astraeus apply -f -");
+    assert!(queue.status.success(), "{}", stderr(&queue));
+    let described = dev.ok(&["astraeus", "describe", "drive", "food101"]);
+    assert!(described.contains("queue-0 ") && described.contains("queue-100 "), "{described}");
+    assert_eq!(dev.ok(&["astraeus", "delete", "queue"]), "queue deleted\n");
     let described = dev.ok(&["astraeus", "describe", "run", "inspect-food101"]);
     assert!(described.contains("inspect-food101-0") && described.contains("Events:"), "{described}");
 

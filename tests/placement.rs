@@ -59,6 +59,14 @@ async fn when_the_machine_with_the_copy_has_no_room_the_run_goes_to_another_that
         .map(|c| (c["node"].clone(), c["complete"].clone()))
         .collect();
     assert_eq!(copies, [(json!("gpu-01"), json!(true)), (json!("gpu-02"), json!(true))], "{drive}");
+    // A page at a time, in the order the machines joined; `next` is the last one's uid.
+    let page = api.get("/drives/food101/copies?limit=1").await.expect(StatusCode::OK);
+    assert_eq!(page["items"][0]["node"], "gpu-01", "{page}");
+    assert_eq!(page["next"], api.machine("gpu-01").await["metadata"]["uid"], "{page}");
+    let rest = format!("/drives/food101/copies?limit=1&cursor={}", page["next"].as_str().unwrap());
+    let page = api.get(&rest).await.expect(StatusCode::OK);
+    assert_eq!(page["items"][0]["node"], "gpu-02", "{page}");
+    assert_eq!(page.get("next"), None, "{page}");
 
     api.delete_run("hog").await;
     cluster.stop().await;

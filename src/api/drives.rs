@@ -9,11 +9,12 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
+use uuid::Uuid;
 
 use super::caller::Caller;
 use super::error::{ApiError, ErrorBody, on_constraint};
 use super::extract::{Body, Params, Path};
-use super::list::{List, ListParams};
+use super::list::{List, ListParams, PageParams};
 use super::meta::ObjectMeta;
 use super::watch::{self, Kind};
 use super::{AppState, secrets, workers::WorkerRef};
@@ -23,10 +24,14 @@ use crate::domain::path::AbsPath;
 use crate::domain::role::Role;
 use crate::domain::{Name, Problems};
 use crate::hub;
-use crate::store::{self, copies::CopyRecord, drives::DriveRecord};
+use crate::store::{self, Page, copies::CopyRecord, drives::DriveRecord};
 
 pub fn router() -> OpenApiRouter<AppState> {
-    OpenApiRouter::new().routes(routes!(list, create)).routes(routes!(get, delete, replace, patch))
+    OpenApiRouter::new()
+        .routes(routes!(list, create))
+        .routes(routes!(get, delete, replace, patch))
+        .routes(routes!(list_copies))
+        .routes(routes!(list_users))
 }
 
 #[derive(Debug, Deserialize, ToSchema)]
@@ -41,10 +46,21 @@ pub struct Drive {
     pub metadata: ObjectMeta,
     pub spec: DriveSpec,
     pub status: DriveStatus,
-    /// The drive's copy on each machine that holds one.
+    /// The drive's copy on each machine that holds one, in the order the machines joined. One
+    /// drive read alone holds the first 100; `GET /drives/{name}/copies` pages through them all.
     pub copies: Vec<Copy>,
-    /// Workers that mount the drive and have not ended.
+    /// Pass as `cursor` to `GET /drives/{name}/copies` for the copies after these; absent when
+    /// there are no more.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub copies_next: Option<Uuid>,
+    /// Workers that mount the drive and have not ended, by run (newest first), then index. One
+    /// drive read alone holds the first 100 (a list of drives, none); `GET
+    /// /drives/{name}/users` pages through them all.
     pub used_by: Vec<WorkerRef>,
+    /// Pass as `cursor` to `GET /drives/{name}/users` for the workers after these; absent
+    /// when there are no more.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub used_by_next: Option<Uuid>,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -67,20 +83,26 @@ pub struct Copy {
     pub last_used_at: Option<DateTime<Utc>>,
 }
 
-fn to_object(caller: &Caller, r: DriveRecord, copies: &[CopyRecord], used_by: Vec<WorkerRef>) -> Drive {
+fn to_copy(full: &str, c: &CopyRecord) -> Copy {
+    Copy {
+        node: c.machine.clone(),
+        folder: format!("{}/drives/{full}", c.data_path.as_deref().unwrap_or_default()),
+        bytes: c.bytes.max(0) as u64,
+        complete: c.state == "Complete",
+        state: c.state.clone(),
+        last_used_at: c.last_used_at,
+    }
+}
+
+/// A drive with the given pages of its copies (`copies` may hold other drives' too) and users.
+fn to_object(caller: &Caller, r: DriveRecord, copies: &[CopyRecord], used_by: List<WorkerRef>) -> Drive {
     let full = full_name(&caller.workspace, &r.name);
-    let copies = copies
-        .iter()
-        .filter(|c| c.drive_id == r.id && c.state != "Evicting")
-        .map(|c| Copy {
-            node: c.machine.clone(),
-            folder: format!("{}/drives/{full}", c.data_path.as_deref().unwrap_or_default()),
-            bytes: c.bytes.max(0) as u64,
-            complete: c.state == "Complete",
-            state: c.state.clone(),
-            last_used_at: c.last_used_at,
-        })
-        .collect();
+    let copies = List::all(copies.iter().filter(|c| c.drive_id == r.id).map(|c| to_copy(&full, c)).collect());
+    to_object_paged(caller, r, copies, used_by)
+}
+
+fn to_object_paged(caller: &Caller, r: DriveRecord, copies: List<Copy>, used_by: List<WorkerRef>) -> Drive {
+    let full = full_name(&caller.workspace, &r.name);
     Drive {
         metadata: ObjectMeta {
             name: r.name,
@@ -91,8 +113,10 @@ fn to_object(caller: &Caller, r: DriveRecord, copies: &[CopyRecord], used_by: Ve
         },
         spec: r.spec.0,
         status: DriveStatus { folder: format!("drives/{full}"), full_name: full },
-        copies,
-        used_by,
+        copies: copies.items,
+        copies_next: copies.next,
+        used_by: used_by.items,
+        used_by_next: used_by.next,
     }
 }
 
@@ -152,7 +176,7 @@ pub async fn create(
         store::drives::insert(&app.db, caller.workspace_id, name, &input.metadata.labels, &input.spec)
             .await
             .map_err(on_constraint("drives_workspace_name_key", || format!("drive {name} already exists")))?;
-    Ok((StatusCode::CREATED, Json(to_object(&caller, record, &[], vec![]))))
+    Ok((StatusCode::CREATED, Json(to_object(&caller, record, &[], List::all(vec![])))))
 }
 
 /// List the workspace's drives, newest first.
@@ -185,7 +209,7 @@ pub async fn list(
     let rows = store::drives::list(&app.db, caller.workspace_id, page).await?;
     let ids: Vec<_> = rows.iter().map(|r| r.id).collect();
     let copies = store::copies::for_drives(&app.db, &ids).await?;
-    let list = List::from_rows(rows, page, |r| r.id, |r| to_object(&caller, r, &copies, vec![]));
+    let list = List::from_rows(rows, page, |r| r.id, |r| to_object(&caller, r, &copies, List::all(vec![])));
     Ok(Json(list.at(version)).into_response())
 }
 
@@ -208,12 +232,82 @@ pub async fn get(
     load(&app, &caller, &name).await.map(Json)
 }
 
-/// One drive with its copies and the workers that use it.
+/// One drive with the first page of its copies and of the workers that use it.
 pub async fn load(app: &AppState, caller: &Caller, name: &str) -> Result<Drive, ApiError> {
     let record = find(app, caller, name).await?;
-    let used_by = store::workers::using_drive(&app.db, record.id).await?;
-    let copies = store::copies::for_drive(&app.db, record.id).await?;
-    Ok(to_object(caller, record, &copies, used_by.into_iter().map(WorkerRef::from).collect()))
+    let copies = copies_page(app, caller, &record, &PageParams::FIRST).await?;
+    let used_by = users_page(app, &record, &PageParams::FIRST).await?;
+    Ok(to_object_paged(caller, record, copies, used_by))
+}
+
+async fn copies_page(
+    app: &AppState,
+    caller: &Caller,
+    drive: &DriveRecord,
+    params: &PageParams,
+) -> Result<List<Copy>, ApiError> {
+    let limit = params.fetch_limit()?;
+    let rows = store::copies::for_drive(&app.db, drive.id, params.cursor, limit).await?;
+    let full = full_name(&caller.workspace, &drive.name);
+    Ok(List::from_rows(rows, Page { limit, before: None }, |c| c.machine_id, |c| to_copy(&full, &c)))
+}
+
+async fn users_page(
+    app: &AppState,
+    drive: &DriveRecord,
+    params: &PageParams,
+) -> Result<List<WorkerRef>, ApiError> {
+    let limit = params.fetch_limit()?;
+    let after = match params.cursor {
+        Some(id) => Some(store::workers::position(&app.db, id).await?.ok_or_else(|| {
+            ApiError::Gone(format!(
+                "cursor {id} names a worker that no longer exists (its run was deleted): list again without a cursor"
+            ))
+        })?),
+        None => None,
+    };
+    let rows = store::workers::using_drive(&app.db, drive.id, after, limit).await?;
+    Ok(List::from_rows(rows, Page { limit, before: None }, |w| w.id, WorkerRef::from))
+}
+
+/// A page of the drive's copies, in the order the machines that hold them joined.
+#[utoipa::path(get, path = "/drives/{name}/copies", tag = "drives",
+    params(("name" = String, Path), PageParams),
+    responses(
+        (status = 200, body = List<Copy>),
+        (status = 400, description = "A limit out of range", body = ErrorBody),
+        (status = 404, body = ErrorBody),
+    ),
+    security(("bearer" = [])))]
+pub async fn list_copies(
+    State(app): State<AppState>,
+    caller: Caller,
+    Path(name): Path<String>,
+    Params(params): Params<PageParams>,
+) -> Result<Json<List<Copy>>, ApiError> {
+    let record = find(&app, &caller, &name).await?;
+    copies_page(&app, &caller, &record, &params).await.map(Json)
+}
+
+/// A page of the workers that mount the drive and have not ended, by run (newest first), then
+/// index.
+#[utoipa::path(get, path = "/drives/{name}/users", tag = "drives",
+    params(("name" = String, Path), PageParams),
+    responses(
+        (status = 200, body = List<WorkerRef>),
+        (status = 400, description = "A limit out of range", body = ErrorBody),
+        (status = 404, body = ErrorBody),
+        (status = 410, description = "`cursor` names a worker whose run was deleted", body = ErrorBody),
+    ),
+    security(("bearer" = [])))]
+pub async fn list_users(
+    State(app): State<AppState>,
+    caller: Caller,
+    Path(name): Path<String>,
+    Params(params): Params<PageParams>,
+) -> Result<Json<List<WorkerRef>>, ApiError> {
+    let record = find(&app, &caller, &name).await?;
+    users_page(&app, &record, &params).await.map(Json)
 }
 
 /// Delete a drive. Refused while a worker that has not ended mounts it.
@@ -237,7 +331,7 @@ pub async fn delete(
         Err(_) => None,
     };
     let id = id.ok_or_else(|| ApiError::not_found("drive", &name))?;
-    if let Some(w) = store::workers::using_drive(&mut *tx, id).await?.first() {
+    if let Some(w) = store::workers::using_drive(&mut *tx, id, None, 1).await?.first() {
         return Err(ApiError::Conflict(format!(
             "drive {name} is used by worker {} ({:?}): delete run {} first",
             w.name, w.state, w.run_name

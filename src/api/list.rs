@@ -34,15 +34,41 @@ pub struct ListParams {
 impl ListParams {
     /// One more than asked, so the answer knows whether another page follows.
     pub fn page(&self) -> Result<Page, ApiError> {
-        let limit = self.limit.unwrap_or(DEFAULT_LIMIT);
-        if !(1..=MAX_LIMIT).contains(&limit) {
-            return Err(ApiError::BadRequest {
-                message: format!("limit must be between 1 and {MAX_LIMIT}"),
-                fields: vec![],
-            });
-        }
-        Ok(Page { limit: limit + 1, before: self.cursor })
+        Ok(Page { limit: fetch_limit(self.limit)?, before: self.cursor })
     }
+}
+
+/// `?limit=N&cursor=ID` for a list inside one object, in that list's own order.
+#[derive(Debug, Default, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct PageParams {
+    /// At most this many items (1–1000, default 100).
+    #[param(minimum = 1, maximum = 1000)]
+    pub limit: Option<i64>,
+    /// The `next` value of the previous page.
+    pub cursor: Option<Uuid>,
+}
+
+impl PageParams {
+    /// The first page, as an object embeds it.
+    pub const FIRST: PageParams = PageParams { limit: None, cursor: None };
+
+    /// The rows to fetch: one more than asked, as [`ListParams::page`].
+    pub fn fetch_limit(&self) -> Result<i64, ApiError> {
+        fetch_limit(self.limit)
+    }
+}
+
+fn fetch_limit(limit: Option<i64>) -> Result<i64, ApiError> {
+    let limit = limit.unwrap_or(DEFAULT_LIMIT);
+    if !(1..=MAX_LIMIT).contains(&limit) {
+        return Err(ApiError::BadRequest {
+            message: format!("limit must be between 1 and {MAX_LIMIT}"),
+            fields: vec![],
+        });
+    }
+    Ok(limit + 1)
 }
 
 #[derive(Debug, Serialize, ToSchema)]

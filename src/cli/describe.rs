@@ -211,6 +211,14 @@ fn progress(copy: &Value, hint: Option<u64>) -> String {
     }
 }
 
+/// A list the drive holds the first page of (`field`, and `<field>_next` when more follow), whole.
+async fn whole(client: &Client, drive: &Value, field: &str, path: &str) -> Result<Vec<Value>> {
+    match drive[format!("{field}_next")].is_null() {
+        true => Ok(array(&drive[field]).to_vec()),
+        false => client.list(path, &[]).await,
+    }
+}
+
 async fn drive_text(client: &Client, drive: &Value, out: &mut String) -> Result<Vec<Event>> {
     meta(drive, out);
     let (spec, name) = (&drive["spec"], name_of(drive));
@@ -237,7 +245,7 @@ async fn drive_text(client: &Client, drive: &Value, out: &mut String) -> Result<
         ),
         None => field(out, "Fill", "<none>"),
     }
-    let copies = array(&drive["copies"]);
+    let copies = &whole(client, drive, "copies", &format!("/drives/{name}/copies")).await?;
     out.push_str("Copies:\n");
     let mut t = Table::new(vec![
         col("NODE", 14),
@@ -267,7 +275,7 @@ async fn drive_text(client: &Client, drive: &Value, out: &mut String) -> Result<
     out.push_str("Used by:\n");
     let mut t = Table::new(vec![col("WORKER", 30), col("MACHINE", 14), col("STATE", 12), col("RUN", 0)]);
     t.indent = 2;
-    for w in array(&drive["used_by"]) {
+    for w in &whole(client, drive, "used_by", &format!("/drives/{name}/users")).await? {
         t.push(vec![
             text(&w["name"]).into(),
             output::or_none(text(&w["machine"])).into(),

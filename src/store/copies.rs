@@ -35,15 +35,36 @@ const SELECT: &str = "SELECT c.drive_id, c.machine_id, m.name AS machine, m.data
         c.last_used_at
     FROM copies c JOIN machines m ON m.id = c.machine_id";
 
-pub async fn for_drive(db: impl PgExecutor<'_>, drive: Uuid) -> sqlx::Result<Vec<CopyRecord>> {
-    sqlx::query_as(&format!("{SELECT} WHERE c.drive_id = $1 ORDER BY m.name")).bind(drive).fetch_all(db).await
+/// A page of the drive's copies that are not being evicted, in the order their machines joined
+/// (`machine_id` is a v7 UUID): read along `copies_drive_machine_key`, so a page stops at
+/// `limit` however many machines hold the drive.
+pub async fn for_drive(
+    db: impl PgExecutor<'_>,
+    drive: Uuid,
+    after: Option<Uuid>,
+    limit: i64,
+) -> sqlx::Result<Vec<CopyRecord>> {
+    let after_clause = if after.is_some() { "AND c.machine_id > $3" } else { "" };
+    let sql = format!(
+        "{SELECT} WHERE c.drive_id = $1 AND c.state <> 'Evicting' {after_clause} ORDER BY c.machine_id LIMIT $2"
+    );
+    let query = sqlx::query_as(&sql).bind(drive).bind(limit);
+    match after {
+        Some(machine) => query.bind(machine),
+        None => query,
+    }
+    .fetch_all(db)
+    .await
 }
 
+/// The copies, not being evicted, of each drive in `drives`, in the order of [`for_drive`].
 pub async fn for_drives(db: impl PgExecutor<'_>, drives: &[Uuid]) -> sqlx::Result<Vec<CopyRecord>> {
-    sqlx::query_as(&format!("{SELECT} WHERE c.drive_id = ANY($1) ORDER BY m.name"))
-        .bind(drives)
-        .fetch_all(db)
-        .await
+    sqlx::query_as(&format!(
+        "{SELECT} WHERE c.drive_id = ANY($1) AND c.state <> 'Evicting' ORDER BY c.machine_id"
+    ))
+    .bind(drives)
+    .fetch_all(db)
+    .await
 }
 
 /// Every copy, or those on `machines`. `in_use` comes from one join of live workers with their

@@ -1,6 +1,7 @@
 use std::collections::HashSet;
 
 use reqwest::Method;
+use serde_json::Value;
 
 use crate::helpers::*;
 
@@ -537,6 +538,74 @@ async fn a_drive_in_use_cannot_be_deleted(db: sqlx::PgPool) {
     assert!(message.contains("worker inspect-food101-0"), "{message}");
     assert!(message.contains("delete run inspect-food101 first"), "{message}");
     assert_eq!(app.get_drive("food101").await.status, 200);
+}
+
+#[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
+async fn a_drive_holds_its_first_100_users_and_pages_through_them_newest_run_first(db: sqlx::PgPool) {
+    let app = spawn_app(db).await;
+    assert_eq!(app.create_drive(&recipe_drive()).await.status, 201);
+    for (name, replicas) in [("older", 2), ("queue", 101)] {
+        let mut run = recipe_run();
+        run["metadata"]["name"] = json!(name);
+        run["spec"]["replicas"] = json!(replicas);
+        assert_eq!(app.create_run(&run).await.status, 201);
+    }
+    let uid = |worker: &str| {
+        let app = &app;
+        let path = format!("/workers/{worker}");
+        async move { app.get(&path).await.json()["metadata"]["uid"].clone() }
+    };
+    let names = |list: &Value| -> Vec<String> {
+        list.as_array().unwrap().iter().map(|w| w["name"].as_str().unwrap().to_owned()).collect()
+    };
+
+    let drive = app.get_drive("food101").await.json();
+    let first: Vec<String> = (0..100).map(|i| format!("queue-{i}")).collect();
+    assert_eq!(names(&drive["used_by"]), first);
+    assert_eq!(drive["used_by_next"], uid("queue-99").await);
+    assert_eq!(drive.get("copies_next"), None, "{drive}");
+
+    let next = |cursor: &Value| format!("/drives/food101/users?limit=2&cursor={}", cursor.as_str().unwrap());
+    let page = app.get(&next(&drive["used_by_next"])).await.json();
+    assert_eq!(names(&page["items"]), ["queue-100", "older-0"]);
+    assert_eq!(page["items"][1]["run"], "older");
+    assert_eq!(page["items"][1]["state"], "Pending");
+    assert_eq!(page["next"], uid("older-0").await);
+    let last = app.get(&next(&page["next"])).await.json();
+    assert_eq!(names(&last["items"]), ["older-1"]);
+    assert_eq!(last.get("next"), None, "{last}");
+
+    // A trigger marks the mounts of a run that completes, and the drive reads those no more.
+    let set_state = |state: &'static str| {
+        let db = app.db.clone();
+        async move {
+            sqlx::query("UPDATE runs SET state = $1 WHERE name = 'older'")
+                .bind(state)
+                .execute(&db)
+                .await
+                .unwrap();
+        }
+    };
+    let users = || async {
+        app.get("/drives/food101/users?limit=1000").await.json()["items"].as_array().unwrap().len()
+    };
+    set_state("Completed").await;
+    assert_eq!(users().await, 101);
+    set_state("Running").await;
+    assert_eq!(users().await, 103);
+
+    // A cursor whose worker went with its run, a limit out of range, a drive that is not there.
+    assert_eq!(app.delete("/runs/older").await.status, 204);
+    let reply = app.get(&next(&page["next"])).await;
+    assert_eq!(reply.status, 410, "{}", reply.text);
+    assert!(reply.message().contains("list again without a cursor"), "{}", reply.text);
+    let reply = app.get("/drives/food101/users?limit=0").await;
+    assert_eq!(reply.status, 400, "{}", reply.text);
+    assert!(reply.message().contains("limit must be between 1 and 1000"), "{}", reply.text);
+    let reply = app.get("/drives/nope/copies").await;
+    assert_eq!(reply.status, 404, "{}", reply.text);
+    assert!(reply.message().contains("drive nope not found"), "{}", reply.text);
+    assert_eq!(app.get("/drives/food101/copies").await.json()["items"], json!([]));
 }
 
 #[sqlx::test(migrator = "astraeus::store::MIGRATOR")]

@@ -418,6 +418,28 @@ try {
     assert.deepEqual(runs.filter((n) => n.startsWith('fill-')), [`fill-food101-${machine}`]);
   });
 
+  await step('Used by shows 100 workers, and the next page with Show more workers', async () => {
+    const ended = async () => (await api('GET', '/runs/inspect-food101-2')).body.status.state === 'Completed';
+    await eventually('inspect-food101-2 Completed, so it no longer uses the drive', ended);
+    // 101 workers that ask for more GPUs than any machine has stay Pending, mounting the drive.
+    const queue = structuredClone(inspect);
+    queue.metadata.name = 'queue';
+    queue.spec.replicas = 101;
+    queue.spec.task_template.requested_resources.gpus = 64;
+    assert.equal((await api('POST', '/runs', queue)).status, 201);
+    await page.goto(`${BASE}/drives/food101`);
+    const used = page.locator('section', { has: page.getByRole('heading', { name: 'Used by' }) });
+    const rows = used.locator('tbody tr');
+    await eventually('the first page of users', async () => (await rows.count()) === 100);
+    assert.ok(!(await used.innerText()).includes('queue-100'), 'the 101st worker waits for the next page');
+    await used.getByRole('button', { name: 'Show more workers' }).click();
+    await waitText(used, 'queue-100');
+    assert.equal(await rows.count(), 101, (await rows.allInnerTexts()).slice(95).join(' / '));
+    assert.equal(await used.getByRole('button', { name: 'Show more workers' }).count(), 0, 'no page follows the last');
+    await shot('16b-drive-used-by-more');
+    assert.equal((await api('DELETE', '/runs/queue')).status, 204);
+  });
+
   await step('the machine page lists its copy and its data location', async () => {
     await page.goto(`${BASE}/machines/${machine}`);
     const copies = page.locator('section', { has: page.getByRole('heading', { name: 'Copies' }) });

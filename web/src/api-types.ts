@@ -579,6 +579,142 @@ export interface paths {
         };
         trace?: never;
     };
+    "/api/v1/drives/{name}/copies": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** A page of the drive's copies, in the order the machines that hold them joined. */
+        get: {
+            parameters: {
+                query?: {
+                    /** @description At most this many items (1–1000, default 100). */
+                    limit?: number;
+                    /** @description The `next` value of the previous page. */
+                    cursor?: string;
+                };
+                header?: never;
+                path: {
+                    name: string;
+                };
+                cookie?: never;
+            };
+            requestBody?: never;
+            responses: {
+                200: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["List_Copy"];
+                    };
+                };
+                /** @description A limit out of range */
+                400: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["ErrorBody"];
+                    };
+                };
+                401: components["responses"]["Unauthorized"];
+                404: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["ErrorBody"];
+                    };
+                };
+                429: components["responses"]["TooManyRequests"];
+                503: components["responses"]["Unavailable"];
+            };
+        };
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/drives/{name}/users": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * A page of the workers that mount the drive and have not ended, by run (newest first), then
+         *     index.
+         */
+        get: {
+            parameters: {
+                query?: {
+                    /** @description At most this many items (1–1000, default 100). */
+                    limit?: number;
+                    /** @description The `next` value of the previous page. */
+                    cursor?: string;
+                };
+                header?: never;
+                path: {
+                    name: string;
+                };
+                cookie?: never;
+            };
+            requestBody?: never;
+            responses: {
+                200: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["List_WorkerRef"];
+                    };
+                };
+                /** @description A limit out of range */
+                400: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["ErrorBody"];
+                    };
+                };
+                401: components["responses"]["Unauthorized"];
+                404: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["ErrorBody"];
+                    };
+                };
+                /** @description `cursor` names a worker whose run was deleted */
+                410: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["ErrorBody"];
+                    };
+                };
+                429: components["responses"]["TooManyRequests"];
+                503: components["responses"]["Unavailable"];
+            };
+        };
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/v1/events": {
         parameters: {
             query?: never;
@@ -1841,13 +1977,32 @@ export interface components {
             sub_path?: components["schemas"]["SubPath"];
         };
         Drive: {
-            /** @description The drive's copy on each machine that holds one. */
+            /**
+             * @description The drive's copy on each machine that holds one, in the order the machines joined. One
+             *     drive read alone holds the first 100; `GET /drives/{name}/copies` pages through them all.
+             */
             copies: components["schemas"]["Copy"][];
+            /**
+             * Format: uuid
+             * @description Pass as `cursor` to `GET /drives/{name}/copies` for the copies after these; absent when
+             *     there are no more.
+             */
+            copies_next?: string | null;
             metadata: components["schemas"]["ObjectMeta"];
             spec: components["schemas"]["DriveSpec"];
             status: components["schemas"]["DriveStatus"];
-            /** @description Workers that mount the drive and have not ended. */
+            /**
+             * @description Workers that mount the drive and have not ended, by run (newest first), then index. One
+             *     drive read alone holds the first 100 (a list of drives, none); `GET
+             *     /drives/{name}/users` pages through them all.
+             */
             used_by: components["schemas"]["WorkerRef"][];
+            /**
+             * Format: uuid
+             * @description Pass as `cursor` to `GET /drives/{name}/users` for the workers after these; absent
+             *     when there are no more.
+             */
+            used_by_next?: string | null;
         };
         DriveInput: {
             metadata: components["schemas"]["MetaInput"];
@@ -1939,15 +2094,54 @@ export interface components {
              */
             ttl_seconds?: number | null;
         };
+        List_Copy: {
+            items: {
+                /** Format: int64 */
+                bytes: number;
+                complete: boolean;
+                folder: string;
+                /** Format: date-time */
+                last_used_at?: string | null;
+                node: string;
+                /** @description `Filling`, `Complete` or `Failed`. */
+                state: string;
+            }[];
+            /**
+             * Format: uuid
+             * @description Pass as `cursor` for the next page; absent on the last page.
+             */
+            next?: string | null;
+            /** @description Watch from here (`?watch=true&resource_version=…`) to miss nothing after this list. */
+            resource_version?: string | null;
+        };
         List_Drive: {
             items: {
-                /** @description The drive's copy on each machine that holds one. */
+                /**
+                 * @description The drive's copy on each machine that holds one, in the order the machines joined. One
+                 *     drive read alone holds the first 100; `GET /drives/{name}/copies` pages through them all.
+                 */
                 copies: components["schemas"]["Copy"][];
+                /**
+                 * Format: uuid
+                 * @description Pass as `cursor` to `GET /drives/{name}/copies` for the copies after these; absent when
+                 *     there are no more.
+                 */
+                copies_next?: string | null;
                 metadata: components["schemas"]["ObjectMeta"];
                 spec: components["schemas"]["DriveSpec"];
                 status: components["schemas"]["DriveStatus"];
-                /** @description Workers that mount the drive and have not ended. */
+                /**
+                 * @description Workers that mount the drive and have not ended, by run (newest first), then index. One
+                 *     drive read alone holds the first 100 (a list of drives, none); `GET
+                 *     /drives/{name}/users` pages through them all.
+                 */
                 used_by: components["schemas"]["WorkerRef"][];
+                /**
+                 * Format: uuid
+                 * @description Pass as `cursor` to `GET /drives/{name}/users` for the workers after these; absent
+                 *     when there are no more.
+                 */
+                used_by_next?: string | null;
             }[];
             /**
              * Format: uuid
@@ -2088,6 +2282,21 @@ export interface components {
             items: {
                 metadata: components["schemas"]["WorkerMeta"];
                 status: components["schemas"]["WorkerStatus"];
+            }[];
+            /**
+             * Format: uuid
+             * @description Pass as `cursor` for the next page; absent on the last page.
+             */
+            next?: string | null;
+            /** @description Watch from here (`?watch=true&resource_version=…`) to miss nothing after this list. */
+            resource_version?: string | null;
+        };
+        List_WorkerRef: {
+            items: {
+                machine?: string | null;
+                name: string;
+                run: string;
+                state: components["schemas"]["WorkerState"];
             }[];
             /**
              * Format: uuid

@@ -1,5 +1,6 @@
 // Live data: each page polls the list and read endpoints it shows, every ~2 s, without reloading.
 import { useCallback, useEffect, useRef, useState } from 'preact/hooks';
+import { enc, get, type List } from './api';
 
 export const POLL_MS = 2000;
 
@@ -61,4 +62,53 @@ export function useTitle(title: string): void {
   useEffect(() => {
     document.title = title ? `${title} · Astraeus` : 'Astraeus';
   }, [title]);
+}
+
+export interface MorePages<T> {
+  /** The first page (as polled) followed by the pages asked for since, each item once. */
+  items: T[];
+  /** Whether another page follows the last one shown. */
+  more: boolean;
+  loading: boolean;
+  error?: unknown;
+  showMore: () => void;
+}
+
+/**
+ * A list an object embeds a first page of (`first`, `next`), with the rest a page at a time from
+ * `path?cursor=…`. Pages asked for are kept as they were read while the first page is polled
+ * again (an item on both shows once); a new `path` starts afresh.
+ */
+export function useMorePages<T>(
+  path: string,
+  first: T[] | undefined,
+  next: string | null | undefined,
+  key: (item: T) => string,
+): MorePages<T> {
+  const [state, setState] = useState<{ path: string; items: T[]; next?: string | null; loading: boolean; error?: unknown }>({
+    path,
+    items: [],
+    loading: false,
+  });
+  const same = state.path === path;
+  const loaded = same ? state.items : [];
+  const cursor = same && loaded.length ? state.next : next;
+
+  const showMore = useCallback(() => {
+    if (!cursor) return;
+    setState((s) => ({ ...(s.path === path ? s : { path, items: [] }), loading: true, error: undefined }));
+    get<List<T>>(`${path}?cursor=${enc(cursor)}`).then(
+      (page) => setState((s) => ({ path, items: [...(s.path === path ? s.items : []), ...page.items], next: page.next, loading: false })),
+      (error) => setState((s) => ({ ...s, loading: false, error })),
+    );
+  }, [path, cursor]);
+
+  const seen = new Set<string>();
+  const items = [...(first ?? []), ...loaded].filter((item) => {
+    const k = key(item);
+    if (seen.has(k)) return false;
+    seen.add(k);
+    return true;
+  });
+  return { items, more: Boolean(cursor), loading: same && state.loading, error: same ? state.error : undefined, showMore };
 }

@@ -3,7 +3,7 @@ import { can } from '../auth';
 import { accessText, isFillOf, kindText } from '../drives';
 import { bytes, percent } from '../format';
 import { Events } from '../events';
-import { usePoll, useTitle } from '../hooks';
+import { type MorePages, useMorePages, usePoll, useTitle } from '../hooks';
 import { Link, navigate } from '../router';
 import { Bar, DeleteButton, ErrorNote, Flash, Loading, NotFound, setFlash, StateBadge, TableWrap, Time } from '../ui';
 
@@ -19,6 +19,8 @@ export function DrivePage({ name }: { name: string }) {
   const fills = (runs.data?.items ?? []).filter((r) => isFillOf(r, name));
   const source = d?.spec.sources[0];
   const hint = d?.spec.size_hint_bytes ?? 0;
+  const copies = useMorePages(`/drives/${enc(name)}/copies`, d?.copies, d?.copies_next, (c) => c.node);
+  const users = useMorePages(`/drives/${enc(name)}/users`, d?.used_by, d?.used_by_next, (w) => w.name);
 
   return (
     <>
@@ -99,7 +101,7 @@ export function DrivePage({ name }: { name: string }) {
 
           <section aria-labelledby="copies">
             <h2 id="copies">Copies</h2>
-            {d.copies.length === 0 ? (
+            {copies.items.length === 0 ? (
               <p class="empty">
                 {d.spec.fill
                   ? 'No copies yet: the first run that mounts the drive on a machine starts a fill there.'
@@ -118,7 +120,7 @@ export function DrivePage({ name }: { name: string }) {
                     </tr>
                   </thead>
                   <tbody>
-                    {d.copies.map((c) => (
+                    {copies.items.map((c) => (
                       <tr key={c.node} data-machine={c.node}>
                         <th scope="row">
                           <Link href={`/machines/${c.node}`}>{c.node}</Link>
@@ -156,11 +158,12 @@ export function DrivePage({ name }: { name: string }) {
                 </table>
               </TableWrap>
             )}
+            <ShowMore pages={copies} what="copies" />
           </section>
 
           <section aria-labelledby="used-by">
             <h2 id="used-by">Used by</h2>
-            {d.used_by.length === 0 ? (
+            {users.items.length === 0 ? (
               <p class="empty">No worker uses this drive now.</p>
             ) : (
               <TableWrap label="Workers that use the drive">
@@ -174,7 +177,7 @@ export function DrivePage({ name }: { name: string }) {
                     </tr>
                   </thead>
                   <tbody>
-                    {d.used_by.map((w) => (
+                    {users.items.map((w) => (
                       <tr key={w.name}>
                         <th scope="row">
                           <Link href={`/runs/${w.run}?worker=${enc(w.name)}`}>{w.name}</Link>
@@ -192,6 +195,7 @@ export function DrivePage({ name }: { name: string }) {
                 </table>
               </TableWrap>
             )}
+            <ShowMore pages={users} what="workers" />
           </section>
 
           {d.spec.fill ? (
@@ -246,6 +250,22 @@ export function DrivePage({ name }: { name: string }) {
           </details>
         </>
       )}
+    </>
+  );
+}
+
+/** The button under a table that shows the list's next page, while one follows. */
+function ShowMore<T>({ pages, what }: { pages: MorePages<T>; what: string }) {
+  return (
+    <>
+      <ErrorNote error={pages.error} prefix={`More ${what} not shown:`} />
+      {pages.more ? (
+        <p>
+          <button class="small" onClick={pages.showMore} disabled={pages.loading}>
+            {pages.loading ? `Loading more ${what}…` : `Show more ${what}`}
+          </button>
+        </p>
+      ) : null}
     </>
   );
 }

@@ -310,6 +310,11 @@ async fn the_recipes_runs_logs_and_delete_lines_print_what_the_recipe_shows(pool
     assert_eq!(again, "run inspect-food101 unchanged (exists)\n");
     let described = dev.ok(&["astraeus", "describe", "drive", "food101"]);
     assert!(described.contains("gpu-01") && described.contains("Complete"), "{described}");
+    let drives = dev.ok(&["astraeus", "drives"]);
+    assert!(drives.contains("1 complete"), "{drives}");
+    let described = dev.ok(&["astraeus", "describe", "machine", "gpu-01"]);
+    let copy = described.lines().find(|l| l.trim_start().starts_with("food101")).unwrap_or_default();
+    assert!(copy.contains("Complete"), "{described}");
     // A drive holds its first 100 users; describe lists the rest too. These 101 ask for more
     // GPUs than gpu-01 has, so they stay Pending.
     let queue = dev.sh("jq '.metadata.name = \"queue\" | .spec.replicas = 101 \

@@ -67,6 +67,16 @@ async fn when_the_machine_with_the_copy_has_no_room_the_run_goes_to_another_that
     let page = api.get(&rest).await.expect(StatusCode::OK);
     assert_eq!(page["items"][0]["node"], "gpu-02", "{page}");
     assert_eq!(page.get("next"), None, "{page}");
+    // A list of drives counts them; a machine lists its own.
+    let listed = api.get("/drives").await.expect(StatusCode::OK);
+    assert_eq!(listed["items"][0]["status"]["copies"], json!({"complete": 2, "filling": 0, "failed": 0}));
+    assert_eq!(listed["items"][0]["copies"], json!([]));
+    let machine = api.machine("gpu-02").await;
+    let copies = machine["copies"].as_array().unwrap();
+    assert_eq!(copies.len(), 1, "{machine}");
+    assert_eq!((&copies[0]["drive"], &copies[0]["complete"]), (&json!("food101"), &json!(true)));
+    let folder = copies[0]["folder"].as_str().unwrap();
+    assert!(folder.ends_with("/drives/default.food101"), "{folder}");
 
     api.delete_run("hog").await;
     cluster.stop().await;

@@ -24,7 +24,8 @@ use crate::domain::path::AbsPath;
 use crate::domain::role::Role;
 use crate::domain::{Name, Problems};
 use crate::hub;
-use crate::store::{self, Page, copies::CopyRecord, drives::DriveRecord};
+use crate::store::copies::{CopyCounts, CopyRecord};
+use crate::store::{self, Page, drives::DriveRecord};
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -47,7 +48,8 @@ pub struct Drive {
     pub spec: DriveSpec,
     pub status: DriveStatus,
     /// The drive's copy on each machine that holds one, in the order the machines joined. One
-    /// drive read alone holds the first 100; `GET /drives/{name}/copies` pages through them all.
+    /// drive read alone holds the first 100 (a list of drives, none: see `status.copies`); `GET
+    /// /drives/{name}/copies` pages through them all.
     pub copies: Vec<Copy>,
     /// Pass as `cursor` to `GET /drives/{name}/copies` for the copies after these; absent when
     /// there are no more.
@@ -69,6 +71,23 @@ pub struct DriveStatus {
     pub full_name: String,
     /// Where copies live inside a machine's data location.
     pub folder: String,
+    /// How many of its copies are in each state, over every machine.
+    pub copies: CopiesByState,
+}
+
+/// A drive's copies, counted by state (a copy being evicted is not counted).
+#[derive(Debug, Default, Serialize, ToSchema)]
+pub struct CopiesByState {
+    pub complete: u64,
+    pub filling: u64,
+    pub failed: u64,
+}
+
+impl From<&CopyCounts> for CopiesByState {
+    fn from(c: &CopyCounts) -> CopiesByState {
+        let n = |v: i64| v.max(0) as u64;
+        CopiesByState { complete: n(c.complete), filling: n(c.filling), failed: n(c.failed) }
+    }
 }
 
 /// A drive's copy in one machine's data location.
@@ -94,15 +113,17 @@ fn to_copy(full: &str, c: &CopyRecord) -> Copy {
     }
 }
 
-/// A drive with the given pages of its copies (`copies` may hold other drives' too) and users.
-fn to_object(caller: &Caller, r: DriveRecord, copies: &[CopyRecord], used_by: List<WorkerRef>) -> Drive {
+/// A drive with its copies' counts (`counts` may hold other drives' too) and the given pages of
+/// its copies and users.
+fn to_object(
+    caller: &Caller,
+    r: DriveRecord,
+    counts: &[CopyCounts],
+    copies: List<Copy>,
+    used_by: List<WorkerRef>,
+) -> Drive {
     let full = full_name(&caller.workspace, &r.name);
-    let copies = List::all(copies.iter().filter(|c| c.drive_id == r.id).map(|c| to_copy(&full, c)).collect());
-    to_object_paged(caller, r, copies, used_by)
-}
-
-fn to_object_paged(caller: &Caller, r: DriveRecord, copies: List<Copy>, used_by: List<WorkerRef>) -> Drive {
-    let full = full_name(&caller.workspace, &r.name);
+    let counted = counts.iter().find(|c| c.drive_id == r.id).map(CopiesByState::from).unwrap_or_default();
     Drive {
         metadata: ObjectMeta {
             name: r.name,
@@ -112,7 +133,7 @@ fn to_object_paged(caller: &Caller, r: DriveRecord, copies: List<Copy>, used_by:
             labels: r.labels.0,
         },
         spec: r.spec.0,
-        status: DriveStatus { folder: format!("drives/{full}"), full_name: full },
+        status: DriveStatus { folder: format!("drives/{full}"), full_name: full, copies: counted },
         copies: copies.items,
         copies_next: copies.next,
         used_by: used_by.items,
@@ -176,10 +197,10 @@ pub async fn create(
         store::drives::insert(&app.db, caller.workspace_id, name, &input.metadata.labels, &input.spec)
             .await
             .map_err(on_constraint("drives_workspace_name_key", || format!("drive {name} already exists")))?;
-    Ok((StatusCode::CREATED, Json(to_object(&caller, record, &[], List::all(vec![])))))
+    Ok((StatusCode::CREATED, Json(to_object(&caller, record, &[], List::all(vec![]), List::all(vec![])))))
 }
 
-/// List the workspace's drives, newest first.
+/// List the workspace's drives, newest first, each with its copies counted by state.
 #[utoipa::path(get, path = "/drives", tag = "drives", params(ListParams),
     responses(
         (status = 200, description = "A page, or with `watch=true` a stream of changes", content(
@@ -208,8 +229,13 @@ pub async fn list(
     let version = store::changes::latest(&app.db).await?;
     let rows = store::drives::list(&app.db, caller.workspace_id, page).await?;
     let ids: Vec<_> = rows.iter().map(|r| r.id).collect();
-    let copies = store::copies::for_drives(&app.db, &ids).await?;
-    let list = List::from_rows(rows, page, |r| r.id, |r| to_object(&caller, r, &copies, List::all(vec![])));
+    let counts = store::copies::counts(&app.db, &ids).await?;
+    let list = List::from_rows(
+        rows,
+        page,
+        |r| r.id,
+        |r| to_object(&caller, r, &counts, List::all(vec![]), List::all(vec![])),
+    );
     Ok(Json(list.at(version)).into_response())
 }
 
@@ -232,12 +258,14 @@ pub async fn get(
     load(&app, &caller, &name).await.map(Json)
 }
 
-/// One drive with the first page of its copies and of the workers that use it.
+/// One drive with its copies' counts and the first page of its copies and of the workers that
+/// use it.
 pub async fn load(app: &AppState, caller: &Caller, name: &str) -> Result<Drive, ApiError> {
     let record = find(app, caller, name).await?;
+    let counts = store::copies::counts(&app.db, &[record.id]).await?;
     let copies = copies_page(app, caller, &record, &PageParams::FIRST).await?;
     let used_by = users_page(app, &record, &PageParams::FIRST).await?;
-    Ok(to_object_paged(caller, record, copies, used_by))
+    Ok(to_object(caller, record, &counts, copies, used_by))
 }
 
 async fn copies_page(

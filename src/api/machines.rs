@@ -21,11 +21,12 @@ use super::list::List;
 use super::watch::{self, Kind};
 use crate::auth::machine::new_join_token;
 use crate::domain::Name;
+use crate::domain::drive::full_name;
 use crate::domain::path::AbsPath;
 use crate::domain::quantity::CpuCores;
 use crate::domain::role::Role;
 use crate::hub;
-use crate::store::{self, join_tokens::JoinTokenRecord, machines::MachineRecord};
+use crate::store::{self, copies::MachineCopyRecord, join_tokens::JoinTokenRecord, machines::MachineRecord};
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -41,6 +42,24 @@ pub struct Machine {
     pub metadata: MachineMeta,
     pub spec: MachineSpec,
     pub status: MachineStatus,
+    /// The copies kept here of the caller's workspace's drives, by drive; only when one
+    /// machine is read.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub copies: Option<Vec<MachineCopy>>,
+}
+
+/// A drive's copy in this machine's data location.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct MachineCopy {
+    pub drive: String,
+    pub folder: String,
+    pub bytes: u64,
+    /// Room promised to the copy while it fills: the drive's `size_hint_bytes`.
+    pub size_hint_bytes: u64,
+    pub complete: bool,
+    /// `Filling`, `Complete` or `Failed`.
+    pub state: String,
+    pub last_used_at: Option<DateTime<Utc>>,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -128,6 +147,19 @@ pub fn to_object(m: MachineRecord) -> Machine {
                 free_bytes: m.data_free_bytes,
             },
         },
+        copies: None,
+    }
+}
+
+fn to_copy(workspace: &str, data_path: &str, c: MachineCopyRecord) -> MachineCopy {
+    MachineCopy {
+        folder: format!("{data_path}/drives/{}", full_name(workspace, &c.drive)),
+        drive: c.drive,
+        bytes: c.bytes.max(0) as u64,
+        size_hint_bytes: c.size_hint.max(0) as u64,
+        complete: c.state == "Complete",
+        state: c.state,
+        last_used_at: c.last_used_at,
     }
 }
 
@@ -182,15 +214,20 @@ async fn find(app: &AppState, name: &str) -> Result<MachineRecord, ApiError> {
     found.ok_or_else(|| ApiError::not_found("machine", name))
 }
 
-/// Read a machine.
+/// Read a machine, with the copies it keeps of the workspace's drives.
 #[utoipa::path(get, path = "/machines/{name}", tag = "machines", params(("name" = String, Path)),
     responses((status = 200, body = Machine), (status = 404, body = ErrorBody)), security(("bearer" = [])))]
 pub async fn get(
     State(app): State<AppState>,
-    _caller: Caller,
+    caller: Caller,
     Path(name): Path<String>,
 ) -> Result<Json<Machine>, ApiError> {
-    Ok(Json(to_object(find(&app, &name).await?)))
+    let record = find(&app, &name).await?;
+    let copies = store::copies::on_machine(&app.db, record.id, caller.workspace_id).await?;
+    let data_path = record.data_path.clone().unwrap_or_default();
+    let mut machine = to_object(record);
+    machine.copies = Some(copies.into_iter().map(|c| to_copy(&caller.workspace, &data_path, c)).collect());
+    Ok(Json(machine))
 }
 
 #[derive(Debug, Deserialize, ToSchema)]

@@ -40,7 +40,7 @@ pub async fn run(ctx: &Ctx, kind: DescribeKind, name: &str) -> Result<()> {
     let events = match kind {
         DescribeKind::Run => run_text(&object, &mut out),
         DescribeKind::Drive => drive_text(&client, &object, &mut out).await?,
-        DescribeKind::Machine => machine_text(&client, &object, &mut out).await?,
+        DescribeKind::Machine => machine_text(&object, &mut out),
         DescribeKind::Worker => worker_text(&object, &mut out),
     };
     let query = [("object", format!("{}/{name}", kind_of.as_str()))];
@@ -324,7 +324,7 @@ async fn drive_text(client: &Client, drive: &Value, out: &mut String) -> Result<
     Ok(events)
 }
 
-async fn machine_text(client: &Client, m: &Value, out: &mut String) -> Result<Vec<Event>> {
+fn machine_text(m: &Value, out: &mut String) -> Vec<Event> {
     meta(m, out);
     let (spec, status, name) = (&m["spec"], &m["status"], name_of(m));
     field(out, "Cluster", text(&spec["cluster"]));
@@ -359,24 +359,22 @@ async fn machine_text(client: &Client, m: &Value, out: &mut String) -> Result<Ve
     out.push_str("Copies:\n");
     let mut t = Table::new(vec![col("DRIVE", 30), col("STATE", 12), col("SIZE", 12), col("LAST USED", 0)]);
     t.indent = 2;
-    for drive in client.list("/drives", &[]).await? {
-        for c in array(&drive["copies"]).iter().filter(|c| text(&c["node"]) == name) {
-            let used = if c["last_used_at"].is_null() {
-                "<never>".into()
-            } else {
-                format!("{} ago", output::age(&c["last_used_at"]))
-            };
-            t.push(vec![
-                name_of(&drive).into(),
-                state_cell(text(&c["state"])),
-                bytes(&c["bytes"]).into(),
-                Cell::from(used),
-            ]);
-        }
+    for c in array(&m["copies"]) {
+        let used = if c["last_used_at"].is_null() {
+            "<never>".into()
+        } else {
+            format!("{} ago", output::age(&c["last_used_at"]))
+        };
+        t.push(vec![
+            text(&c["drive"]).into(),
+            state_cell(text(&c["state"])),
+            bytes(&c["bytes"]).into(),
+            Cell::from(used),
+        ]);
     }
     out.push_str(&render(&t));
     let object = format!("machine/{name}");
-    Ok(vec![
+    vec![
         Event::new(
             &m["metadata"]["created_at"],
             "Joined",
@@ -384,7 +382,7 @@ async fn machine_text(client: &Client, m: &Value, out: &mut String) -> Result<Ve
             format!("Joined cluster {}", text(&spec["cluster"])),
         ),
         Event::new(&status["last_heartbeat_at"], &text(&status["state"]), object, "Last heartbeat".into()),
-    ])
+    ]
 }
 
 /// A table inside the description: coloured on a terminal, never cut.

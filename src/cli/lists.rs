@@ -109,20 +109,13 @@ pub fn drive_kind(spec: &Value) -> String {
     }
 }
 
-/// `1 complete, 1 filling`, or `none`.
-pub fn copies_summary(copies: &[Value]) -> String {
-    let mut counts: Vec<(String, usize)> = Vec::new();
-    for c in copies {
-        let state = text(&c["state"]).to_lowercase();
-        match counts.iter_mut().find(|(s, _)| *s == state) {
-            Some((_, n)) => *n += 1,
-            None => counts.push((state, 1)),
-        }
-    }
-    if counts.is_empty() {
-        return "none".into();
-    }
-    counts.iter().map(|(s, n)| format!("{n} {s}")).collect::<Vec<_>>().join(", ")
+/// `1 complete, 1 filling`, or `none`, from a drive's `status.copies`.
+pub fn copies_summary(counts: &Value) -> String {
+    let parts: Vec<String> = ["complete", "filling", "failed"]
+        .into_iter()
+        .filter_map(|state| counts[state].as_u64().filter(|n| *n > 0).map(|n| format!("{n} {state}")))
+        .collect();
+    if parts.is_empty() { "none".into() } else { parts.join(", ") }
 }
 
 fn drives(items: &[Value], wide: bool) -> Table {
@@ -138,7 +131,7 @@ fn drives(items: &[Value], wide: bool) -> Table {
             text(&d["spec"]["cluster"]).into(),
             drive_kind(&d["spec"]).into(),
             output::or_none(bytes(&d["spec"]["size_hint_bytes"])).into(),
-            copies_summary(array(&d["copies"])).into(),
+            copies_summary(&d["status"]["copies"]).into(),
         ];
         if wide {
             let source = &d["spec"]["sources"][0];
@@ -275,10 +268,10 @@ mod tests {
 
     #[test]
     fn copies_are_counted_by_state() {
-        let copies =
-            [json!({"state": "Complete"}), json!({"state": "Filling"}), json!({"state": "Complete"})];
-        assert_eq!(copies_summary(&copies), "2 complete, 1 filling");
-        assert_eq!(copies_summary(&[]), "none");
+        let counts = json!({"complete": 2, "filling": 1, "failed": 0});
+        assert_eq!(copies_summary(&counts), "2 complete, 1 filling");
+        assert_eq!(copies_summary(&json!({"complete": 0, "filling": 0, "failed": 3})), "3 failed");
+        assert_eq!(copies_summary(&json!({"complete": 0, "filling": 0, "failed": 0})), "none");
     }
 
     #[test]

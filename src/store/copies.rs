@@ -7,7 +7,6 @@ use uuid::Uuid;
 /// A copy as the API shows it.
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct CopyRecord {
-    pub drive_id: Uuid,
     pub machine_id: Uuid,
     pub machine: String,
     pub data_path: Option<String>,
@@ -31,7 +30,7 @@ pub struct PlacementCopy {
     pub in_use: bool,
 }
 
-const SELECT: &str = "SELECT c.drive_id, c.machine_id, m.name AS machine, m.data_path, c.state, c.bytes,
+const SELECT: &str = "SELECT c.machine_id, m.name AS machine, m.data_path, c.state, c.bytes,
         c.last_used_at
     FROM copies c JOIN machines m ON m.id = c.machine_id";
 
@@ -57,12 +56,53 @@ pub async fn for_drive(
     .await
 }
 
-/// The copies, not being evicted, of each drive in `drives`, in the order of [`for_drive`].
-pub async fn for_drives(db: impl PgExecutor<'_>, drives: &[Uuid]) -> sqlx::Result<Vec<CopyRecord>> {
-    sqlx::query_as(&format!(
-        "{SELECT} WHERE c.drive_id = ANY($1) AND c.state <> 'Evicting' ORDER BY c.machine_id"
-    ))
+/// How many of a drive's copies are in each state, as a list of drives shows them.
+#[derive(Debug, Clone, Copy, Default, sqlx::FromRow)]
+pub struct CopyCounts {
+    pub drive_id: Uuid,
+    pub complete: i64,
+    pub filling: i64,
+    pub failed: i64,
+}
+
+/// The counts of each drive in `drives` that has a copy not being evicted: one row a drive, so
+/// a page of drives costs a page of rows however many machines hold them.
+pub async fn counts(db: impl PgExecutor<'_>, drives: &[Uuid]) -> sqlx::Result<Vec<CopyCounts>> {
+    sqlx::query_as(
+        "SELECT drive_id, count(*) FILTER (WHERE state = 'Complete') AS complete,
+             count(*) FILTER (WHERE state = 'Filling') AS filling,
+             count(*) FILTER (WHERE state = 'Failed') AS failed
+         FROM copies WHERE drive_id = ANY($1) AND state <> 'Evicting' GROUP BY drive_id",
+    )
     .bind(drives)
+    .fetch_all(db)
+    .await
+}
+
+/// A copy on one machine, as the machine's page lists it.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct MachineCopyRecord {
+    pub drive: String,
+    pub state: String,
+    pub bytes: i64,
+    pub size_hint: i64,
+    pub last_used_at: Option<DateTime<Utc>>,
+}
+
+/// The copies on a machine, not being evicted, of the workspace's drives, by drive name: at most
+/// one a drive.
+pub async fn on_machine(
+    db: impl PgExecutor<'_>,
+    machine: Uuid,
+    workspace: Uuid,
+) -> sqlx::Result<Vec<MachineCopyRecord>> {
+    sqlx::query_as(
+        "SELECT d.name AS drive, c.state, c.bytes, c.size_hint, c.last_used_at
+         FROM copies c JOIN drives d ON d.id = c.drive_id
+         WHERE c.machine_id = $1 AND d.workspace_id = $2 AND c.state <> 'Evicting' ORDER BY d.name",
+    )
+    .bind(machine)
+    .bind(workspace)
     .fetch_all(db)
     .await
 }

@@ -449,6 +449,11 @@ try {
     await shot('17-machine-copy');
   });
 
+  await step('Drives counts the drive’s copies by state', async () => {
+    await clickNav('Drives');
+    await waitText(page.locator('tr', { hasText: 'food101' }), '1 complete');
+  });
+
   await step('Settings → Tokens: create one (shown once), then revoke it', async () => {
     await clickNav('Settings');
     await page.locator('tr[data-token="dev"]').waitFor();

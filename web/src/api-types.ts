@@ -272,7 +272,7 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        /** List the workspace's drives, newest first. */
+        /** List the workspace's drives, newest first, each with its copies counted by state. */
         get: {
             parameters: {
                 query?: {
@@ -828,7 +828,7 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        /** Read a machine. */
+        /** Read a machine, with the copies it keeps of the workspace's drives. */
         get: {
             parameters: {
                 query?: never;
@@ -1923,6 +1923,15 @@ export interface components {
             /** @description Absolute path on the machine; usually the one the agent proposed. */
             path: components["schemas"]["AbsPath"];
         };
+        /** @description A drive's copies, counted by state (a copy being evicted is not counted). */
+        CopiesByState: {
+            /** Format: int64 */
+            complete: number;
+            /** Format: int64 */
+            failed: number;
+            /** Format: int64 */
+            filling: number;
+        };
         /** @description A drive's copy in one machine's data location. */
         Copy: {
             /** Format: int64 */
@@ -1979,7 +1988,8 @@ export interface components {
         Drive: {
             /**
              * @description The drive's copy on each machine that holds one, in the order the machines joined. One
-             *     drive read alone holds the first 100; `GET /drives/{name}/copies` pages through them all.
+             *     drive read alone holds the first 100 (a list of drives, none: see `status.copies`); `GET
+             *     /drives/{name}/copies` pages through them all.
              */
             copies: components["schemas"]["Copy"][];
             /**
@@ -2024,6 +2034,8 @@ export interface components {
             transport?: components["schemas"]["Transport"];
         };
         DriveStatus: {
+            /** @description How many of its copies are in each state, over every machine. */
+            copies: components["schemas"]["CopiesByState"];
             /** @description Where copies live inside a machine's data location. */
             folder: string;
             /** @description `<namespace>.<drive>`, as messages and folders name it. */
@@ -2118,7 +2130,8 @@ export interface components {
             items: {
                 /**
                  * @description The drive's copy on each machine that holds one, in the order the machines joined. One
-                 *     drive read alone holds the first 100; `GET /drives/{name}/copies` pages through them all.
+                 *     drive read alone holds the first 100 (a list of drives, none: see `status.copies`); `GET
+                 *     /drives/{name}/copies` pages through them all.
                  */
                 copies: components["schemas"]["Copy"][];
                 /**
@@ -2202,6 +2215,11 @@ export interface components {
         };
         List_Machine: {
             items: {
+                /**
+                 * @description The copies kept here of the caller's workspace's drives, by drive; only when one
+                 *     machine is read.
+                 */
+                copies?: components["schemas"]["MachineCopy"][] | null;
                 metadata: components["schemas"]["MachineMeta"];
                 spec: components["schemas"]["MachineSpec"];
                 status: components["schemas"]["MachineStatus"];
@@ -2307,9 +2325,31 @@ export interface components {
             resource_version?: string | null;
         };
         Machine: {
+            /**
+             * @description The copies kept here of the caller's workspace's drives, by drive; only when one
+             *     machine is read.
+             */
+            copies?: components["schemas"]["MachineCopy"][] | null;
             metadata: components["schemas"]["MachineMeta"];
             spec: components["schemas"]["MachineSpec"];
             status: components["schemas"]["MachineStatus"];
+        };
+        /** @description A drive's copy in this machine's data location. */
+        MachineCopy: {
+            /** Format: int64 */
+            bytes: number;
+            complete: boolean;
+            drive: string;
+            folder: string;
+            /** Format: date-time */
+            last_used_at?: string | null;
+            /**
+             * Format: int64
+             * @description Room promised to the copy while it fills: the drive's `size_hint_bytes`.
+             */
+            size_hint_bytes: number;
+            /** @description `Filling`, `Complete` or `Failed`. */
+            state: string;
         };
         MachineMeta: {
             /** Format: date-time */

@@ -31,11 +31,10 @@ export function isFillOf(run: Run, drive: string): boolean {
 }
 
 export function copiesSummary(d: Drive): string {
-  if (d.copies.length === 0) return 'none';
-  const complete = d.copies.filter((c) => c.complete).length;
+  const { complete, filling, failed } = d.status.copies;
   const parts = [];
   if (complete) parts.push(`${complete} complete`);
-  const filling = d.copies.length - complete;
   if (filling) parts.push(`${filling} filling`);
-  return parts.join(', ');
+  if (failed) parts.push(`${failed} failed`);
+  return parts.length ? parts.join(', ') : 'none';
 }

@@ -1,5 +1,5 @@
 import { useState } from 'preact/hooks';
-import { ApiError, type Drive, enc, get, type List, type Machine, post, type Run, type Worker } from '../api';
+import { ApiError, enc, get, type List, type Machine, post, type Run, type Worker } from '../api';
 import { can } from '../auth';
 import { bytes, cores, mem } from '../format';
 import { Events } from '../events';
@@ -11,7 +11,6 @@ import { described, ErrorNote, Field, FormError, Loading, NotFound, StateBadge, 
 export function MachinePage({ name }: { name: string }) {
   useTitle(`Machine ${name}`);
   const machine = usePoll(`machine:${name}`, (signal) => get<Machine>(`/machines/${enc(name)}`, signal));
-  const drives = usePoll('drives', (signal) => get<List<Drive>>('/drives?limit=1000', signal));
   // Workers are read through their runs: those of runs not yet ended, placed here.
   const workers = usePoll(`machine-workers:${name}`, async (signal) => {
     const runs = await get<List<Run>>('/runs?limit=1000', signal);
@@ -25,9 +24,7 @@ export function MachinePage({ name }: { name: string }) {
     return <NotFound what={`Machine ${name}`} back="/machines" backText="Back to Machines" />;
   }
   const m = machine.data;
-  const copies = (drives.data?.items ?? []).flatMap((d) =>
-    d.copies.filter((c) => c.node === name).map((c) => ({ drive: d.metadata.name, hint: d.spec.size_hint_bytes, ...c })),
-  );
+  const copies = m?.copies ?? [];
 
   return (
     <>
@@ -84,7 +81,6 @@ export function MachinePage({ name }: { name: string }) {
 
           <section aria-labelledby="copies">
             <h2 id="copies">Copies</h2>
-            <ErrorNote error={drives.error} />
             {copies.length === 0 ? (
               <p class="empty">This machine holds no copy of your workspace's drives.</p>
             ) : (
@@ -110,7 +106,7 @@ export function MachinePage({ name }: { name: string }) {
                         </td>
                         <td>
                           {bytes(c.bytes)}
-                          {!c.complete && c.hint ? <span class="muted"> of {bytes(c.hint)} expected</span> : null}
+                          {!c.complete && c.size_hint_bytes ? <span class="muted"> of {bytes(c.size_hint_bytes)} expected</span> : null}
                         </td>
                         <td>
                           {c.complete ? <span class="badge state-completed">Complete</span> : <StateBadge state={c.state} />}

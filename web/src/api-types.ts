@@ -2034,8 +2034,7 @@ export interface components {
             transport?: components["schemas"]["Transport"];
         };
         DriveStatus: {
-            /** @description How many of its copies are in each state, over every machine. */
-            copies: components["schemas"]["CopiesByState"];
+            copies?: null | components["schemas"]["CopiesByState"];
             /** @description Where copies live inside a machine's data location. */
             folder: string;
             /** @description `<namespace>.<drive>`, as messages and folders name it. */

@@ -30,8 +30,10 @@ export function isFillOf(run: Run, drive: string): boolean {
   return names.length === 1 && run.metadata.name === `fill-${drive}-${names[0]}`;
 }
 
+/** A listed drive's copies by state: `1 complete, 1 filling`, or `none`. */
 export function copiesSummary(d: Drive): string {
-  const { complete, filling, failed } = d.status.copies;
+  // A list of drives counts each one's copies; a drive read alone lists them instead.
+  const { complete, filling, failed } = d.status.copies ?? { complete: 0, filling: 0, failed: 0 };
   const parts = [];
   if (complete) parts.push(`${complete} complete`);
   if (filling) parts.push(`${filling} filling`);

@@ -120,14 +120,26 @@ pub async fn held_copies(api: &Api) -> anyhow::Result<HashMap<String, HashSet<St
     let list = api.get("/drives?limit=1000").await?;
     let mut held = HashMap::new();
     for d in list["items"].as_array().into_iter().flatten() {
-        let machines: HashSet<String> = d["copies"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter(|c| c["complete"].as_bool() == Some(true))
-            .filter_map(|c| c["node"].as_str().map(str::to_owned))
-            .collect();
-        held.insert(d["metadata"]["name"].as_str().unwrap_or_default().to_owned(), machines);
+        let name = d["metadata"]["name"].as_str().unwrap_or_default().to_owned();
+        let mut machines = HashSet::new();
+        // A list of drives only counts copies: each drive's are read a page at a time.
+        let mut path = format!("/drives/{name}/copies?limit=1000");
+        loop {
+            let page = api.get(&path).await?;
+            machines.extend(
+                page["items"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter(|c| c["complete"].as_bool() == Some(true))
+                    .filter_map(|c| c["node"].as_str().map(str::to_owned)),
+            );
+            match page["next"].as_str() {
+                Some(next) => path = format!("/drives/{name}/copies?limit=1000&cursor={next}"),
+                None => break,
+            }
+        }
+        held.insert(name, machines);
     }
     Ok(held)
 }

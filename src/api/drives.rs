@@ -25,7 +25,7 @@ use crate::domain::role::Role;
 use crate::domain::{Name, Problems};
 use crate::hub;
 use crate::store::copies::{CopyCounts, CopyRecord};
-use crate::store::{self, Page, drives::DriveRecord};
+use crate::store::{self, drives::DriveRecord};
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -233,7 +233,7 @@ pub async fn list(
     let rows = store::drives::list(&app.db, caller.workspace_id, page).await?;
     let ids: Vec<_> = rows.iter().map(|r| r.id).collect();
     let counts = store::copies::counts(&app.db, &ids).await?;
-    let list = List::from_rows(rows, page, |r| r.id, |r| to_listed(&caller, r, &counts));
+    let list = List::from_rows(rows, page.limit, |r| r.id, |r| to_listed(&caller, r, &counts));
     Ok(Json(list.at(version)).into_response())
 }
 
@@ -274,7 +274,7 @@ async fn copies_page(
     let limit = params.fetch_limit()?;
     let rows = store::copies::for_drive(&app.db, drive.id, params.cursor, limit).await?;
     let full = full_name(&caller.workspace, &drive.name);
-    Ok(List::from_rows(rows, Page { limit, before: None }, |c| c.machine_id, |c| to_copy(&full, &c)))
+    Ok(List::from_rows(rows, limit, |c| c.machine_id, |c| to_copy(&full, &c)))
 }
 
 async fn users_page(
@@ -292,7 +292,7 @@ async fn users_page(
         None => None,
     };
     let rows = store::workers::using_drive(&app.db, drive.id, after, limit).await?;
-    Ok(List::from_rows(rows, Page { limit, before: None }, |w| w.id, WorkerRef::from))
+    Ok(List::from_rows(rows, limit, |w| w.id, WorkerRef::from))
 }
 
 /// A page of the drive's copies, in the order the machines that hold them joined.

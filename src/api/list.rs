@@ -83,16 +83,17 @@ pub struct List<T> {
 }
 
 impl<T> List<T> {
-    /// Builds a page from rows fetched with [`ListParams::page`]: `id` gives each row's cursor.
+    /// Builds a page from rows fetched one past the page (`fetch_limit`, as [`ListParams::page`]
+    /// and [`PageParams::fetch_limit`] give it): `id` gives each row's cursor.
     pub fn from_rows<R>(
         mut rows: Vec<R>,
-        page: Page,
+        fetch_limit: i64,
         id: impl Fn(&R) -> Uuid,
         item: impl FnMut(R) -> T,
     ) -> List<T> {
-        let more = rows.len() as i64 >= page.limit;
+        let more = rows.len() as i64 >= fetch_limit;
         if more {
-            rows.truncate(page.limit as usize - 1);
+            rows.truncate(fetch_limit as usize - 1);
         }
         let next = if more { rows.last().map(&id) } else { None };
         List { items: rows.into_iter().map(item).collect(), next, resource_version: None }

@@ -185,7 +185,7 @@ pub async fn list(
     }
     let version = store::changes::latest(&app.db).await?;
     let rows = store::runs::list(&app.db, caller.workspace_id, params.all, page).await?;
-    let list = List::from_rows(rows, page, |r| r.id, |r| to_object(&caller.workspace, r, None));
+    let list = List::from_rows(rows, page.limit, |r| r.id, |r| to_object(&caller.workspace, r, None));
     Ok(Json(list.at(version)).into_response())
 }
 

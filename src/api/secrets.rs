@@ -159,7 +159,7 @@ pub async fn list(
     }
     let version = store::changes::latest(&app.db).await?;
     let rows = store::secrets::list(&app.db, caller.workspace_id, page).await?;
-    let list = List::from_rows(rows, page, |r| r.id, |r| to_object(&caller.workspace, r));
+    let list = List::from_rows(rows, page.limit, |r| r.id, |r| to_object(&caller.workspace, r));
     Ok(Json(list.at(version)).into_response())
 }
 

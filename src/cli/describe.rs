@@ -9,7 +9,7 @@ use super::client::Client;
 use super::error::Result;
 use super::events::Event;
 use super::lists::{self, array, yes_no};
-use super::output::{self, Cell, Format, Table, bytes, col, field, name_of, state_cell, text, when};
+use super::output::{self, Format, Table, bytes, col, field, name_of, state_cell, text, when};
 use super::{Ctx, Kind};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -211,6 +211,14 @@ fn progress(copy: &Value, hint: Option<u64>) -> String {
     }
 }
 
+/// `3 minutes ago`, or `<never>`: when a copy was last used.
+fn last_used(copy: &Value) -> String {
+    match copy["last_used_at"].is_null() {
+        true => "<never>".into(),
+        false => format!("{} ago", output::age(&copy["last_used_at"])),
+    }
+}
+
 /// A list the drive holds the first page of (`field`, and `<field>_next` when more follow), whole.
 async fn whole(client: &Client, drive: &Value, field: &str, path: &str) -> Result<Vec<Value>> {
     match drive[format!("{field}_next")].is_null() {
@@ -257,17 +265,12 @@ async fn drive_text(client: &Client, drive: &Value, out: &mut String) -> Result<
     ]);
     t.indent = 2;
     for c in copies {
-        let used = if c["last_used_at"].is_null() {
-            "<never>".into()
-        } else {
-            format!("{} ago", output::age(&c["last_used_at"]))
-        };
         t.push(vec![
             text(&c["node"]).into(),
             state_cell(text(&c["state"])),
             bytes(&c["bytes"]).into(),
             progress(c, hint).into(),
-            used.into(),
+            last_used(c).into(),
             text(&c["folder"]).into(),
         ]);
     }
@@ -360,16 +363,11 @@ fn machine_text(m: &Value, out: &mut String) -> Vec<Event> {
     let mut t = Table::new(vec![col("DRIVE", 30), col("STATE", 12), col("SIZE", 12), col("LAST USED", 0)]);
     t.indent = 2;
     for c in array(&m["copies"]) {
-        let used = if c["last_used_at"].is_null() {
-            "<never>".into()
-        } else {
-            format!("{} ago", output::age(&c["last_used_at"]))
-        };
         t.push(vec![
             text(&c["drive"]).into(),
             state_cell(text(&c["state"])),
             bytes(&c["bytes"]).into(),
-            Cell::from(used),
+            last_used(c).into(),
         ]);
     }
     out.push_str(&render(&t));

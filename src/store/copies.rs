@@ -57,7 +57,7 @@ pub async fn for_drive(
 }
 
 /// How many of a drive's copies are in each state, as a list of drives shows them.
-#[derive(Debug, Clone, Copy, Default, sqlx::FromRow)]
+#[derive(Debug, Clone, Copy, sqlx::FromRow)]
 pub struct CopyCounts {
     pub drive_id: Uuid,
     pub complete: i64,

@@ -6,18 +6,19 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use axum::extract::{DefaultBodyLimit, FromRequestParts, State};
-use axum::http::{HeaderMap, StatusCode, header, request::Parts};
+use axum::http::{StatusCode, header, request::Parts};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use chrono::Utc;
 use serde::Deserialize;
-use sqlx::PgConnection;
+use sqlx::pool::PoolConnection;
+use sqlx::{PgConnection, PgPool, Postgres};
 use uuid::Uuid;
 
 use super::AppState;
 use super::error::ApiError;
-use super::extract::{self, Body, Params, Path};
+use super::extract::{Body, IfNoneMatch, Params, Path};
 use crate::auth::machine::{self, verify_credential};
 use crate::auth::seal;
 use crate::beats;
@@ -225,7 +226,7 @@ pub struct AssignmentsQuery {
 async fn assignments(
     State(app): State<AppState>,
     caller: MachineCaller,
-    headers: HeaderMap,
+    seen: IfNoneMatch,
     Params(q): Params<AssignmentsQuery>,
 ) -> Result<Response, ApiError> {
     let wait = Duration::from_secs(q.wait_seconds).min(MAX_WAIT);
@@ -233,29 +234,47 @@ async fn assignments(
     let changed = notify.notified();
     tokio::pin!(changed);
     changed.as_mut().enable();
-    // One connection for every read of an answer (each connection given back to the pool costs
-    // a round trip), but none held while waiting.
-    let mut db = app.db.acquire().await?;
-    let mut version = store::machines::assign_version(&mut *db, caller.id).await?;
+    // The reads are boxed: inline, they would size the future every machine holds while it
+    // waits (1,840 bytes against 496, measured with `size_of_val`).
+    let (mut version, mut db) = Box::pin(read_version(&app.db, caller.id)).await?;
     if version <= q.version && !wait.is_zero() {
         drop(db);
         let _ = tokio::time::timeout(wait, changed).await;
-        db = app.db.acquire().await?;
-        version = store::machines::assign_version(&mut *db, caller.id).await?;
+        (version, db) = Box::pin(read_version(&app.db, caller.id)).await?;
     }
+    Box::pin(answer(&app, caller.id, &seen, version, db)).await
+}
+
+/// The machine's assignment version, with the connection that read it: one connection for
+/// every read of an answer (each connection given back to the pool costs a round trip), but
+/// none held while waiting.
+async fn read_version(db: &PgPool, machine: Uuid) -> Result<(i64, PoolConnection<Postgres>), ApiError> {
+    let mut conn = db.acquire().await?;
+    let version = store::machines::assign_version(&mut *conn, machine).await?;
+    Ok((version, conn))
+}
+
+/// The machine's workers at `version`, or `304 Not Modified` when the agent holds them.
+async fn answer(
+    app: &AppState,
+    machine: Uuid,
+    seen: &IfNoneMatch,
+    version: i64,
+    mut db: PoolConnection<Postgres>,
+) -> Result<Response, ApiError> {
     // The version moves with every change an agent acts on (that is what ends a long-poll early),
     // so an agent holding this version's answer has nothing to read again.
     let tag = protocol::assignments_tag(version);
     let etag = [(header::ETAG, tag.clone())];
-    if extract::holds(&headers, &tag) {
+    if seen.holds(&tag) {
         return Ok((StatusCode::NOT_MODIFIED, etag).into_response());
     }
-    let rows = store::workers::assigned_to(&mut *db, caller.id).await?;
+    let rows = store::workers::assigned_to(&mut *db, machine).await?;
     let refs = Referenced::read(&mut db, &rows).await?;
     // Read after the workers: a worker placed there was placed after its location was confirmed.
-    let data_location = store::machines::get(&mut *db, caller.id).await?.and_then(|m| m.data_path);
+    let data_location = store::machines::get(&mut *db, machine).await?.and_then(|m| m.data_path);
     drop(db);
-    let workers = rows.into_iter().map(|row| assignment(&app, &refs, row)).collect::<Result<_, _>>()?;
+    let workers = rows.into_iter().map(|row| assignment(app, &refs, row)).collect::<Result<_, _>>()?;
     Ok((etag, Json(Assignments { version, workers, data_location })).into_response())
 }
 

@@ -116,7 +116,7 @@ fn asset(name: &str, file: rust_embed::EmbeddedFile, headers: &HeaderMap) -> Res
     } else {
         Cow::Borrowed(mime)
     };
-    let mut response = if super::extract::holds(headers, &etag) {
+    let mut response = if super::extract::IfNoneMatch::of(headers).holds(&etag) {
         StatusCode::NOT_MODIFIED.into_response()
     } else {
         Response::new(Body::from(file.data))
@@ -186,5 +186,22 @@ mod tests {
         assert_eq!(response.status(), StatusCode::OK);
         let ct = response.headers().get(header::CONTENT_TYPE).unwrap().to_str().unwrap();
         assert!(ct.starts_with("text/html"), "{ct}");
+    }
+
+    #[test]
+    fn a_browser_holding_the_page_hears_not_modified() {
+        let first = serve("/", &HeaderMap::new());
+        let Some(etag) = first.headers().get(header::ETAG).cloned() else {
+            // Not built: the placeholder page is never cached.
+            assert!(!is_built());
+            return;
+        };
+        let mut held = HeaderMap::new();
+        held.insert(header::IF_NONE_MATCH, etag.clone());
+        let again = serve("/", &held);
+        assert_eq!(again.status(), StatusCode::NOT_MODIFIED);
+        assert_eq!(again.headers()[header::ETAG], etag);
+        held.insert(header::IF_NONE_MATCH, HeaderValue::from_static("\"other\""));
+        assert_eq!(serve("/", &held).status(), StatusCode::OK);
     }
 }

@@ -132,19 +132,18 @@ impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for Path<T>
     }
 }
 
-/// Whether the client holds the representation tagged `tag` (its `If-None-Match`), so that a
-/// `304 Not Modified` answers it.
-pub fn holds(headers: &HeaderMap, tag: &str) -> bool {
-    headers.get(header::IF_NONE_MATCH).is_some_and(|v| v.as_bytes() == tag.as_bytes())
-}
-
 /// A request's `If-None-Match`, copied out of it. The request's own headers point into its
 /// connection's read buffer (8 KiB), and hyper reads ahead into a second one while a request
 /// is answered: a long-poll that kept them would hold both for as long as it waits.
 pub struct IfNoneMatch(Option<Box<[u8]>>);
 
 impl IfNoneMatch {
-    /// See [`holds`].
+    pub fn of(headers: &HeaderMap) -> IfNoneMatch {
+        IfNoneMatch(headers.get(header::IF_NONE_MATCH).map(|v| v.as_bytes().into()))
+    }
+
+    /// Whether the client holds the representation tagged `tag`, so that a `304 Not Modified`
+    /// answers it.
     pub fn holds(&self, tag: &str) -> bool {
         self.0.as_deref() == Some(tag.as_bytes())
     }
@@ -154,7 +153,7 @@ impl<S: Send + Sync> FromRequestParts<S> for IfNoneMatch {
     type Rejection = Infallible;
 
     async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Infallible> {
-        Ok(IfNoneMatch(parts.headers.get(header::IF_NONE_MATCH).map(|v| v.as_bytes().into())))
+        Ok(IfNoneMatch::of(&parts.headers))
     }
 }
 

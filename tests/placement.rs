@@ -152,6 +152,37 @@ async fn a_fill_that_writes_no_marker_runs_again_after_the_refill_interval(pool:
 }
 
 #[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
+async fn a_whole_copy_whose_folder_is_gone_is_filled_again_for_the_next_reader(pool: PgPool) {
+    let mut cluster = Cluster::start(&pool).await;
+    cluster.add_ready_machine("gpu-01").await;
+    let api = cluster.api.clone();
+    api.create_drive(&food101()).await;
+    api.create_run(&run_mounting("reader", "ls -a /data", &["food101"], 1.0)).await;
+    api.wait_completed("reader").await;
+    let drive = api.drive("food101").await;
+    assert_eq!(drive["copies"][0]["complete"], true, "{drive}");
+
+    // Someone deletes the copy on the machine: the agent's next heartbeat no longer reports it.
+    std::fs::remove_dir_all(cluster.machine("gpu-01").copy_dir("default.food101")).unwrap();
+    eventually("the copy is no longer whole", || async {
+        let drive = api.drive("food101").await;
+        let copy = &drive["copies"][0];
+        if copy["complete"] == false && copy["state"] == "Filling" { Ok(()) } else { Err(drive.to_string()) }
+    })
+    .await;
+
+    // The next reader waits for it to be filled again, by the same fill run's next worker.
+    api.create_run(&run_mounting("reader-again", "ls -a /data", &["food101"], 1.0)).await;
+    api.wait_completed("reader-again").await;
+    assert!(api.logs("reader-again-0").await.lines().any(|l| l == ".astralyx-filled"));
+    assert_eq!(
+        cluster.worker_names("fill-food101-gpu-01").await,
+        ["fill-food101-gpu-01-0", "fill-food101-gpu-01-1"]
+    );
+    cluster.stop().await;
+}
+
+#[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
 async fn a_failed_fill_stays_failed_until_its_run_is_deleted_then_it_is_made_again(pool: PgPool) {
     let mut cluster = Cluster::start(&pool).await;
     cluster.add_ready_machine("gpu-01").await;

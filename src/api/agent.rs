@@ -188,11 +188,9 @@ async fn heartbeat(
     }
     if !copies.completed.is_empty() {
         // The marker is there: the workers waiting for these copies start now, not at the next pass.
-        let released = store::workers::release_ready(&mut *tx, caller.id).await?;
-        if !released.is_empty() {
+        if store::workers::release_ready(&mut *tx, caller.id).await? > 0 {
             let drives: Vec<Uuid> = copies.completed.iter().map(|(d, _)| *d).collect();
             store::copies::touch_used_pairs(&mut *tx, &vec![caller.id; drives.len()], &drives).await?;
-            store::machines::touch_assignments(&mut *tx, &[caller.id]).await?;
         }
         hub::request_schedule(&mut *tx).await?;
     }

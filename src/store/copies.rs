@@ -251,7 +251,9 @@ pub async fn reconcile(
             .await?
             .into_iter()
             .collect();
-    // Map each reported folder `<namespace>.<drive>` to a drive and update its copy.
+    // Map each reported folder `<namespace>.<drive>` to a drive and update its copy. The copies
+    // the agent no longer has, which no reported folder names, change in the same statement:
+    // evicted ones are gone; whole ones must be filled again.
     let rows: Vec<(String, Option<Uuid>, Option<String>, i64)> = sqlx::query_as(
         "WITH r AS (SELECT * FROM unnest($2::text[], $3::bigint[], $4::bool[]) AS r(folder, bytes, complete)),
          d AS (SELECT r.*, dr.id AS drive_id FROM r
@@ -264,7 +266,14 @@ pub async fn reconcile(
                                  ELSE c.state END,
                     completed_at = CASE WHEN d.complete AND c.state <> 'Complete' THEN now() ELSE c.completed_at END
                 FROM d WHERE c.machine_id = $1 AND c.drive_id = d.drive_id
-                RETURNING c.drive_id, c.state)
+                RETURNING c.drive_id, c.state),
+         missing AS (SELECT c.id, c.state FROM copies c JOIN drives dr ON dr.id = c.drive_id
+                     JOIN workspaces s ON s.id = dr.workspace_id
+                     WHERE c.machine_id = $1 AND c.state IN ('Evicting', 'Complete')
+                       AND NOT (s.name || '.' || dr.name = ANY($2))),
+         gone AS (DELETE FROM copies c USING missing WHERE c.id = missing.id AND missing.state = 'Evicting'),
+         lost AS (UPDATE copies c SET state = 'Filling', bytes = 0 FROM missing
+                  WHERE c.id = missing.id AND missing.state = 'Complete')
          SELECT d.folder, d.drive_id, up.state, d.bytes FROM d LEFT JOIN up ON up.drive_id = d.drive_id",
     )
     .bind(machine)
@@ -282,25 +291,6 @@ pub async fn reconcile(
             _ => {}
         }
     }
-    // Copies the agent no longer has: evicted ones are gone; whole ones must be filled again.
-    sqlx::query(
-        "DELETE FROM copies c USING drives dr, workspaces s
-         WHERE c.machine_id = $1 AND c.state = 'Evicting' AND dr.id = c.drive_id AND s.id = dr.workspace_id
-           AND NOT (s.name || '.' || dr.name = ANY($2))",
-    )
-    .bind(machine)
-    .bind(folders)
-    .execute(&mut *tx)
-    .await?;
-    sqlx::query(
-        "UPDATE copies c SET state = 'Filling', bytes = 0 FROM drives dr, workspaces s
-         WHERE c.machine_id = $1 AND c.state = 'Complete' AND dr.id = c.drive_id AND s.id = dr.workspace_id
-           AND NOT (s.name || '.' || dr.name = ANY($2))",
-    )
-    .bind(machine)
-    .bind(folders)
-    .execute(&mut *tx)
-    .await?;
     Ok(out)
 }
 

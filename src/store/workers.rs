@@ -439,22 +439,34 @@ pub async fn waiting_charges(
         .collect())
 }
 
-/// Releases the machine's waiting workers whose placed drives all have whole copies there;
-/// returns them. Called when a copy completes, and by the fill controller as a safety net.
-pub async fn release_ready(db: impl PgExecutor<'_>, machine: Uuid) -> sqlx::Result<Vec<Uuid>> {
+/// Releases the machine's waiting workers whose placed drives all have whole copies there, and
+/// returns how many. When any is released, the machine's assignment version is bumped in the
+/// same statement, and its agent woken on commit. Called when a copy completes, and by the fill
+/// controller as a safety net.
+pub async fn release_ready(db: impl PgExecutor<'_>, machine: Uuid) -> sqlx::Result<i64> {
+    // `count(*)` reads every released worker before the machine row is touched: workers are
+    // locked before machines everywhere. No copies are touched here: their statement-level
+    // triggers would run for every call, released or not.
     sqlx::query_scalar(
-        "UPDATE workers w SET released = true, reason = 'Starting on ' || mc.name
-         FROM machines mc
-         WHERE w.machine_id = $1 AND mc.id = w.machine_id AND w.state = 'Preparing' AND NOT w.released
-           AND NOT EXISTS (
-               SELECT 1 FROM run_mounts rm JOIN drives d ON d.id = rm.drive_id
-               LEFT JOIN copies c ON c.drive_id = rm.drive_id AND c.machine_id = w.machine_id
-               WHERE rm.run_id = w.run_id AND d.spec #>> '{sources,0,node_scope}' = 'placed'
-                 AND c.state IS DISTINCT FROM 'Complete')
-         RETURNING w.id",
+        "WITH released AS (
+             UPDATE workers w SET released = true, reason = 'Starting on ' || mc.name
+             FROM machines mc
+             WHERE w.machine_id = $1 AND mc.id = w.machine_id AND w.state = 'Preparing' AND NOT w.released
+               AND NOT EXISTS (
+                   SELECT 1 FROM run_mounts rm JOIN drives d ON d.id = rm.drive_id
+                   LEFT JOIN copies c ON c.drive_id = rm.drive_id AND c.machine_id = w.machine_id
+                   WHERE rm.run_id = w.run_id AND d.spec #>> '{sources,0,node_scope}' = 'placed'
+                     AND c.state IS DISTINCT FROM 'Complete')
+             RETURNING w.id),
+         n AS (SELECT count(*) AS n FROM released),
+         woken AS (
+             UPDATE machines m SET assign_version = m.assign_version + 1 FROM n
+             WHERE n.n > 0 AND m.id = $1
+             RETURNING m.id)
+         SELECT n.n FROM n, (SELECT count(pg_notify('astraeus_machine', id::text)) FROM woken) AS notified",
     )
     .bind(machine)
-    .fetch_all(db)
+    .fetch_one(db)
     .await
 }
 

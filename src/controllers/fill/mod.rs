@@ -102,9 +102,7 @@ async fn apply(tx: &mut sqlx::PgConnection, change: &Change) -> anyhow::Result<(
             store::workers::set_waiting_reason(&mut *tx, worker, reason).await?
         }
         Change::Release { machine } => {
-            if !store::workers::release_ready(&mut *tx, machine).await?.is_empty() {
-                store::machines::touch_assignments(&mut *tx, &[machine]).await?;
-            }
+            store::workers::release_ready(&mut *tx, machine).await?;
         }
     }
     Ok(())

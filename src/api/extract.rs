@@ -138,6 +138,7 @@ impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for Path<T>
 pub struct IfNoneMatch(Option<Box<[u8]>>);
 
 impl IfNoneMatch {
+    /// The tag in `headers`, for a handler that reads the headers itself.
     pub fn of(headers: &HeaderMap) -> IfNoneMatch {
         IfNoneMatch(headers.get(header::IF_NONE_MATCH).map(|v| v.as_bytes().into()))
     }

@@ -440,9 +440,10 @@ pub async fn waiting_charges(
 }
 
 /// Releases the machine's waiting workers whose placed drives all have whole copies there, and
-/// returns how many. When any is released, the machine's assignment version is bumped in the
-/// same statement, and its agent woken on commit. Called when a copy completes, and by the fill
-/// controller as a safety net.
+/// returns how many. When any is released, the machine's assignment version is bumped and its
+/// agent woken on commit, as [`crate::store::machines::touch_assignments`] does, in the same
+/// statement (one round trip less). Called when a copy completes, and by the fill controller
+/// as a safety net.
 pub async fn release_ready(db: impl PgExecutor<'_>, machine: Uuid) -> sqlx::Result<i64> {
     // `count(*)` reads every released worker before the machine row is touched: workers are
     // locked before machines everywhere. No copies are touched here: their statement-level

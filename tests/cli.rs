@@ -315,6 +315,7 @@ async fn the_recipes_runs_logs_and_delete_lines_print_what_the_recipe_shows(pool
     let described = dev.ok(&["astraeus", "describe", "machine", "gpu-01"]);
     let copy = described.lines().find(|l| l.trim_start().starts_with("food101")).unwrap_or_default();
     assert!(copy.contains("Complete"), "{described}");
+    assert!(described.contains("Workers:\n  <none>\n"), "nothing runs there now: {described}");
     // A drive holds its first 100 users; describe lists the rest too. These 101 ask for more
     // GPUs than gpu-01 has, so they stay Pending.
     let queue = dev.sh("jq '.metadata.name = \"queue\" | .spec.replicas = 101 \
@@ -323,6 +324,11 @@ async fn the_recipes_runs_logs_and_delete_lines_print_what_the_recipe_shows(pool
     assert!(queue.status.success(), "{}", stderr(&queue));
     let described = dev.ok(&["astraeus", "describe", "drive", "food101"]);
     assert!(described.contains("queue-0 ") && described.contains("queue-100 "), "{described}");
+    // So does a run its first 100 workers.
+    let described = dev.ok(&["astraeus", "describe", "run", "queue"]);
+    assert!(described.contains("queue-99 ") && described.contains("queue-100 "), "{described}");
+    let listed = dev.ok(&["astraeus", "workers", "queue", "-o", "name"]);
+    assert_eq!(listed.lines().count(), 101, "{listed}");
     assert_eq!(dev.ok(&["astraeus", "delete", "queue"]), "queue deleted\n");
     let described = dev.ok(&["astraeus", "describe", "run", "inspect-food101"]);
     assert!(described.contains("inspect-food101-0") && described.contains("Events:"), "{described}");

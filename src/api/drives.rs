@@ -17,7 +17,10 @@ use super::extract::{Body, Params, Path};
 use super::list::{List, ListParams, PageParams};
 use super::meta::ObjectMeta;
 use super::watch::{self, Kind};
-use super::{AppState, secrets, workers::WorkerRef};
+use super::{
+    AppState, secrets,
+    workers::{self, WorkerRef},
+};
 use crate::domain::drive::{DriveSpec, Location, full_name};
 use crate::domain::meta::MetaInput;
 use crate::domain::path::AbsPath;
@@ -284,11 +287,7 @@ async fn users_page(
 ) -> Result<List<WorkerRef>, ApiError> {
     let limit = params.fetch_limit()?;
     let after = match params.cursor {
-        Some(id) => Some(store::workers::position(&app.db, id).await?.ok_or_else(|| {
-            ApiError::Gone(format!(
-                "cursor {id} names a worker that no longer exists (its run was deleted): list again without a cursor"
-            ))
-        })?),
+        Some(id) => Some(workers::cursor_position(app, id).await?),
         None => None,
     };
     let rows = store::workers::using_drive(&app.db, drive.id, after, limit).await?;

@@ -62,6 +62,14 @@ impl ApiError {
         ApiError::NotFound(format!("{kind} {name} not found"))
     }
 
+    /// A query parameter that cannot be taken: 400, naming it.
+    pub fn bad_param(path: &str, message: String) -> ApiError {
+        ApiError::BadRequest {
+            message: format!("{path}: {message}"),
+            fields: vec![FieldError { path: path.into(), message }],
+        }
+    }
+
     pub fn invalid(path: impl Into<String>, message: impl Into<String>) -> ApiError {
         ApiError::Invalid(vec![FieldError { path: path.into(), message: message.into() }])
     }

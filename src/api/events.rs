@@ -12,7 +12,6 @@ use super::caller::Caller;
 use super::error::{ApiError, ErrorBody};
 use super::extract::Params;
 use super::list::List;
-use crate::domain::FieldError;
 use crate::domain::name::could_name_object;
 use crate::store::{self, events::Event};
 
@@ -41,21 +40,17 @@ pub async fn list(
     caller: Caller,
     Params(p): Params<EventParams>,
 ) -> Result<Json<List<Event>>, ApiError> {
-    let bad = |field: &str, message: String| ApiError::BadRequest {
-        message: format!("{field}: {message}"),
-        fields: vec![FieldError { path: field.into(), message }],
-    };
     let object = p.object.split_once('/').filter(|(k, n)| KINDS.contains(k) && could_name_object(n));
     let Some((kind, name)) = object else {
         let kinds = KINDS.join(", ");
-        return Err(bad(
+        return Err(ApiError::bad_param(
             "object",
             format!("must be KIND/NAME with KIND one of {kinds} and NAME an object's name"),
         ));
     };
     let limit = p.limit.unwrap_or(100);
     if !(1..=1000).contains(&limit) {
-        return Err(bad("limit", "must be between 1 and 1000".into()));
+        return Err(ApiError::bad_param("limit", "must be between 1 and 1000".into()));
     }
     let items = store::events::for_object(&app.db, caller.workspace_id, kind, name, limit).await?;
     Ok(Json(List::all(items)))

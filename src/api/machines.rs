@@ -17,8 +17,9 @@ use super::AppState;
 use super::caller::Caller;
 use super::error::{ApiError, ErrorBody};
 use super::extract::{Body, Params, Path};
-use super::list::List;
+use super::list::{List, PageParams};
 use super::watch::{self, Kind};
+use super::workers::{self, Worker};
 use crate::auth::machine::new_join_token;
 use crate::domain::Name;
 use crate::domain::drive::full_name;
@@ -32,6 +33,7 @@ pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(list))
         .routes(routes!(get))
+        .routes(routes!(list_workers))
         .routes(routes!(confirm_data_location))
         .routes(routes!(list_join_tokens, create_join_token))
         .routes(routes!(revoke_join_token))
@@ -46,6 +48,15 @@ pub struct Machine {
     /// machine is read.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub copies: Option<Vec<MachineCopy>>,
+    /// The caller's workspace's workers placed here that have not ended, by run (newest
+    /// first), then index: one machine read alone holds the first 100; `GET
+    /// /machines/{name}/workers` pages through them all.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub workers: Option<Vec<Worker>>,
+    /// Pass as `cursor` to `GET /machines/{name}/workers` for the workers after these; absent
+    /// when there are no more.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub workers_next: Option<Uuid>,
 }
 
 /// A drive's copy in this machine's data location.
@@ -148,6 +159,8 @@ pub fn to_object(m: MachineRecord) -> Machine {
             },
         },
         copies: None,
+        workers: None,
+        workers_next: None,
     }
 }
 
@@ -214,7 +227,8 @@ async fn find(app: &AppState, name: &str) -> Result<MachineRecord, ApiError> {
     found.ok_or_else(|| ApiError::not_found("machine", name))
 }
 
-/// Read a machine, with the copies it keeps of the workspace's drives.
+/// Read a machine, with the copies it keeps of the workspace's drives and the first 100 of the
+/// workspace's workers on it.
 #[utoipa::path(get, path = "/machines/{name}", tag = "machines", params(("name" = String, Path)),
     responses((status = 200, body = Machine), (status = 404, body = ErrorBody)), security(("bearer" = [])))]
 pub async fn get(
@@ -224,10 +238,49 @@ pub async fn get(
 ) -> Result<Json<Machine>, ApiError> {
     let record = find(&app, &name).await?;
     let copies = store::copies::on_machine(&app.db, record.id, caller.workspace_id).await?;
+    let workers = workers_page(&app, &caller, record.id, &PageParams::FIRST).await?;
     let data_path = record.data_path.clone().unwrap_or_default();
     let mut machine = to_object(record);
     machine.copies = Some(copies.into_iter().map(|c| to_copy(&caller.workspace, &data_path, c)).collect());
+    machine.workers = Some(workers.items);
+    machine.workers_next = workers.next;
     Ok(Json(machine))
+}
+
+async fn workers_page(
+    app: &AppState,
+    caller: &Caller,
+    machine: Uuid,
+    params: &PageParams,
+) -> Result<List<Worker>, ApiError> {
+    let limit = params.fetch_limit()?;
+    let after = match params.cursor {
+        Some(id) => Some(workers::cursor_position(app, id).await?),
+        None => None,
+    };
+    let rows = store::workers::page_on_machine(&app.db, machine, caller.workspace_id, after, limit).await?;
+    Ok(workers::page(caller, rows, limit))
+}
+
+/// A page of the workspace's workers on the machine that have not ended, by run (newest
+/// first), then index.
+#[utoipa::path(get, path = "/machines/{name}/workers", tag = "machines",
+    params(("name" = String, Path), PageParams),
+    responses(
+        (status = 200, body = List<Worker>),
+        (status = 400, description = "A limit out of range", body = ErrorBody),
+        (status = 404, body = ErrorBody),
+        (status = 410, description = "`cursor` names a worker whose run was deleted", body = ErrorBody),
+    ),
+    security(("bearer" = [])))]
+pub async fn list_workers(
+    State(app): State<AppState>,
+    caller: Caller,
+    Path(name): Path<String>,
+    Params(params): Params<PageParams>,
+) -> Result<Json<List<Worker>>, ApiError> {
+    let record = find(&app, &name).await?;
+    workers_page(&app, &caller, record.id, &params).await.map(Json)
 }
 
 #[derive(Debug, Deserialize, ToSchema)]

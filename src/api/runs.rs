@@ -11,12 +11,13 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
+use uuid::Uuid;
 
 use super::AppState;
 use super::caller::Caller;
 use super::error::{ApiError, ErrorBody, on_constraint};
 use super::extract::{Body, Params, Path};
-use super::list::{List, ListParams};
+use super::list::{List, ListParams, PageParams};
 use super::meta::ObjectMeta;
 use super::secrets;
 use super::watch::{self, Kind};
@@ -61,12 +62,21 @@ pub struct RunStatus {
     pub reason: String,
     /// When the state or reason last changed.
     pub updated_at: DateTime<Utc>,
-    /// The run's workers; only when one run is read.
+    /// The run's workers in index order: one run read alone holds the first 100 (a list of
+    /// runs, none); `GET /runs/{name}/workers` pages through them all.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub workers: Option<Vec<Worker>>,
+    /// Pass as `cursor` to `GET /runs/{name}/workers` for the workers after these; absent when
+    /// there are no more.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub workers_next: Option<Uuid>,
 }
 
-fn to_object(namespace: &str, r: RunRecord, workers: Option<Vec<Worker>>) -> Run {
+fn to_object(namespace: &str, r: RunRecord, workers: Option<List<Worker>>) -> Run {
+    let (workers, workers_next) = match workers {
+        Some(page) => (Some(page.items), page.next),
+        None => (None, None),
+    };
     Run {
         metadata: ObjectMeta {
             name: r.name,
@@ -76,7 +86,13 @@ fn to_object(namespace: &str, r: RunRecord, workers: Option<Vec<Worker>>) -> Run
             labels: r.labels.0,
         },
         spec: r.spec.0,
-        status: RunStatus { state: r.state, reason: r.reason, updated_at: r.updated_at, workers },
+        status: RunStatus {
+            state: r.state,
+            reason: r.reason,
+            updated_at: r.updated_at,
+            workers,
+            workers_next,
+        },
     }
 }
 
@@ -199,7 +215,7 @@ async fn find(app: &AppState, caller: &Caller, name: &str) -> Result<RunRecord, 
     found.ok_or_else(|| ApiError::not_found("run", name))
 }
 
-/// Read a run with its workers.
+/// Read a run with its first 100 workers.
 #[utoipa::path(get, path = "/runs/{name}", tag = "runs", params(("name" = String, Path)),
     responses((status = 200, body = Run), (status = 404, body = ErrorBody)), security(("bearer" = [])))]
 pub async fn get(
@@ -210,26 +226,53 @@ pub async fn get(
     load(&app, &caller, &name).await.map(Json)
 }
 
-/// One run with its workers.
+/// One run with the first page of its workers.
 pub async fn load(app: &AppState, caller: &Caller, name: &str) -> Result<Run, ApiError> {
     let run = find(app, caller, name).await?;
-    let ws = store::workers::for_run(&app.db, run.id).await?;
-    let ws = ws.into_iter().map(|w| workers::to_object(&caller.workspace, w)).collect();
-    Ok(to_object(&caller.workspace, run, Some(ws)))
+    let workers = workers_page(app, caller, &run, &PageParams::FIRST).await?;
+    Ok(to_object(&caller.workspace, run, Some(workers)))
 }
 
-/// The run's workers, in index order.
-#[utoipa::path(get, path = "/runs/{name}/workers", tag = "runs", params(("name" = String, Path)),
-    responses((status = 200, body = List<Worker>), (status = 404, body = ErrorBody)), security(("bearer" = [])))]
+async fn workers_page(
+    app: &AppState,
+    caller: &Caller,
+    run: &RunRecord,
+    params: &PageParams,
+) -> Result<List<Worker>, ApiError> {
+    let limit = params.fetch_limit()?;
+    let after = match params.cursor {
+        Some(id) => match store::workers::position(&app.db, id).await? {
+            Some(p) if p.run_id == run.id => Some(p.index),
+            _ => {
+                return Err(ApiError::bad_param(
+                    "cursor",
+                    format!("{id} names no worker of run {}", run.name),
+                ));
+            }
+        },
+        None => None,
+    };
+    let rows = store::workers::page_of_run(&app.db, run.id, after, limit).await?;
+    Ok(workers::page(caller, rows, limit))
+}
+
+/// A page of the run's workers, in index order.
+#[utoipa::path(get, path = "/runs/{name}/workers", tag = "runs",
+    params(("name" = String, Path), PageParams),
+    responses(
+        (status = 200, body = List<Worker>),
+        (status = 400, description = "A limit out of range, or a cursor naming no worker of the run", body = ErrorBody),
+        (status = 404, body = ErrorBody),
+    ),
+    security(("bearer" = [])))]
 pub async fn list_workers(
     State(app): State<AppState>,
     caller: Caller,
     Path(name): Path<String>,
+    Params(params): Params<PageParams>,
 ) -> Result<Json<List<Worker>>, ApiError> {
     let run = find(&app, &caller, &name).await?;
-    let ws = store::workers::for_run(&app.db, run.id).await?;
-    let items = ws.into_iter().map(|w| workers::to_object(&caller.workspace, w)).collect();
-    Ok(Json(List::all(items)))
+    workers_page(&app, &caller, &run, &params).await.map(Json)
 }
 
 /// Delete a run and stop its workers.

@@ -15,11 +15,12 @@ use super::AppState;
 use super::caller::Caller;
 use super::error::{ApiError, ErrorBody};
 use super::extract::Path;
+use super::list::List;
 use crate::domain::name::could_name_object;
 use crate::domain::run::WorkerState;
 use crate::store::{
     self,
-    workers::{DriveUser, WorkerRecord},
+    workers::{DriveUser, UserPosition, WorkerRecord},
 };
 
 pub fn router() -> OpenApiRouter<AppState> {
@@ -114,4 +115,19 @@ pub async fn find(app: &AppState, caller: &Caller, name: &str) -> Result<WorkerR
         None
     };
     found.ok_or_else(|| ApiError::not_found("worker", name))
+}
+
+/// A page of workers from rows fetched one past it, as [`List::from_rows`] takes them.
+pub fn page(caller: &Caller, rows: Vec<WorkerRecord>, fetch_limit: i64) -> List<Worker> {
+    List::from_rows(rows, fetch_limit, |w| w.id, |w| to_object(&caller.workspace, w))
+}
+
+/// Where a list ordered by run (newest first), then index, goes on after `cursor`. 410 when the
+/// worker is gone: its run was deleted.
+pub async fn cursor_position(app: &AppState, cursor: Uuid) -> Result<UserPosition, ApiError> {
+    store::workers::position(&app.db, cursor).await?.ok_or_else(|| {
+        ApiError::Gone(format!(
+            "cursor {cursor} names a worker that no longer exists (its run was deleted): list again without a cursor"
+        ))
+    })
 }

@@ -110,6 +110,21 @@ impl Api {
         self.call(Method::GET, path, None).await
     }
 
+    /// Every item of a paged list, a page of 1,000 at a time.
+    pub async fn items(&self, path: &str) -> anyhow::Result<Vec<Value>> {
+        let mut items = Vec::new();
+        let mut page = self.get(&format!("{path}?limit=1000")).await?;
+        loop {
+            if let Some(Value::Array(more)) = page.get_mut("items").map(Value::take) {
+                items.extend(more);
+            }
+            match page["next"].as_str() {
+                Some(next) => page = self.get(&format!("{path}?limit=1000&cursor={next}")).await?,
+                None => return Ok(items),
+            }
+        }
+    }
+
     pub async fn post(&self, path: &str, body: &Value) -> anyhow::Result<Value> {
         self.call(Method::POST, path, Some(body)).await
     }

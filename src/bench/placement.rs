@@ -237,9 +237,8 @@ pub async fn measure(
     let mut placed = 0usize;
     let names: Vec<String> = runs.iter().map(|r| r.0.clone()).collect();
     for (name, _, drive) in &runs {
-        let list = api.get(&format!("/runs/{name}/workers")).await?;
         let holders = held.get(drive);
-        for w in list["items"].as_array().into_iter().flatten() {
+        for w in api.items(&format!("/runs/{name}/workers")).await? {
             if let Some(machine) = w["status"]["machine"].as_str() {
                 placed += 1;
                 if holders.is_some_and(|h| h.contains(machine)) {

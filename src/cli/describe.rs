@@ -38,9 +38,9 @@ pub async fn run(ctx: &Ctx, kind: DescribeKind, name: &str) -> Result<()> {
     }
     let mut out = String::new();
     let events = match kind {
-        DescribeKind::Run => run_text(&object, &mut out),
+        DescribeKind::Run => run_text(&client, &object, &mut out).await?,
         DescribeKind::Drive => drive_text(&client, &object, &mut out).await?,
-        DescribeKind::Machine => machine_text(&object, &mut out),
+        DescribeKind::Machine => machine_text(&client, &object, &mut out).await?,
         DescribeKind::Worker => worker_text(&object, &mut out),
     };
     let query = [("object", format!("{}/{name}", kind_of.as_str()))];
@@ -149,7 +149,7 @@ fn worker_events(w: &Value, events: &mut Vec<Event>) {
     }
 }
 
-fn run_text(run: &Value, out: &mut String) -> Vec<Event> {
+async fn run_text(client: &Client, run: &Value, out: &mut String) -> Result<Vec<Event>> {
     meta(run, out);
     let (spec, status) = (&run["spec"], &run["status"]);
     field(out, "Cluster", text(&spec["cluster"]));
@@ -158,11 +158,9 @@ fn run_text(run: &Value, out: &mut String) -> Vec<Event> {
     field(out, "Changed", when(&status["updated_at"]));
     field(out, "Replicas", text(&spec["replicas"]));
     task_text(&spec["task_template"], out);
-    let workers = array(&status["workers"]);
-    out.push_str("Workers:\n");
-    let mut t = lists::table(Kind::Worker, workers, false);
-    t.indent = 2;
-    out.push_str(&render(&t));
+    let path = format!("/runs/{}/workers", name_of(run));
+    let workers = whole(client, status, "workers", &path).await?;
+    worker_table(&workers, out);
 
     let object = format!("run/{}", name_of(run));
     let mut events =
@@ -172,7 +170,14 @@ fn run_text(run: &Value, out: &mut String) -> Vec<Event> {
     if state != "Pending" {
         events.push(Event::new(&status["updated_at"], &state, object, text(&status["reason"])));
     }
-    events
+    Ok(events)
+}
+
+fn worker_table(workers: &[Value], out: &mut String) {
+    out.push_str("Workers:\n");
+    let mut t = lists::table(Kind::Worker, workers, false);
+    t.indent = 2;
+    out.push_str(&render(&t));
 }
 
 fn worker_text(w: &Value, out: &mut String) -> Vec<Event> {
@@ -219,10 +224,11 @@ fn last_used(copy: &Value) -> String {
     }
 }
 
-/// A list the drive holds the first page of (`field`, and `<field>_next` when more follow), whole.
-async fn whole(client: &Client, drive: &Value, field: &str, path: &str) -> Result<Vec<Value>> {
-    match drive[format!("{field}_next")].is_null() {
-        true => Ok(array(&drive[field]).to_vec()),
+/// A list an object holds the first page of (`field`, and `<field>_next` when more follow),
+/// whole.
+async fn whole(client: &Client, holder: &Value, field: &str, path: &str) -> Result<Vec<Value>> {
+    match holder[format!("{field}_next")].is_null() {
+        true => Ok(array(&holder[field]).to_vec()),
         false => client.list(path, &[]).await,
     }
 }
@@ -327,7 +333,7 @@ async fn drive_text(client: &Client, drive: &Value, out: &mut String) -> Result<
     Ok(events)
 }
 
-fn machine_text(m: &Value, out: &mut String) -> Vec<Event> {
+async fn machine_text(client: &Client, m: &Value, out: &mut String) -> Result<Vec<Event>> {
     meta(m, out);
     let (spec, status, name) = (&m["spec"], &m["status"], name_of(m));
     field(out, "Cluster", text(&spec["cluster"]));
@@ -371,8 +377,10 @@ fn machine_text(m: &Value, out: &mut String) -> Vec<Event> {
         ]);
     }
     out.push_str(&render(&t));
+    let workers = whole(client, m, "workers", &format!("/machines/{name}/workers")).await?;
+    worker_table(&workers, out);
     let object = format!("machine/{name}");
-    vec![
+    Ok(vec![
         Event::new(
             &m["metadata"]["created_at"],
             "Joined",
@@ -380,7 +388,7 @@ fn machine_text(m: &Value, out: &mut String) -> Vec<Event> {
             format!("Joined cluster {}", text(&spec["cluster"])),
         ),
         Event::new(&status["last_heartbeat_at"], &text(&status["state"]), object, "Last heartbeat".into()),
-    ]
+    ])
 }
 
 /// A table inside the description: coloured on a terminal, never cut.

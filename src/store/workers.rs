@@ -30,8 +30,47 @@ const SELECT: &str = "SELECT w.id, w.run_id, r.name AS run_name, w.name, w.index
         mc.name AS machine, w.exit_code, w.transports, w.created_at, w.started_at, w.finished_at
     FROM workers w JOIN runs r ON r.id = w.run_id LEFT JOIN machines mc ON mc.id = w.machine_id";
 
-pub async fn for_run(db: impl PgExecutor<'_>, run: Uuid) -> sqlx::Result<Vec<WorkerRecord>> {
-    sqlx::query_as(&format!("{SELECT} WHERE w.run_id = $1 ORDER BY w.index")).bind(run).fetch_all(db).await
+/// A page of the run's workers in index order, from just after index `after`, read along
+/// `workers_run_index_key`.
+pub async fn page_of_run(
+    db: impl PgExecutor<'_>,
+    run: Uuid,
+    after: Option<i32>,
+    limit: i64,
+) -> sqlx::Result<Vec<WorkerRecord>> {
+    sqlx::query_as(&format!("{SELECT} WHERE w.run_id = $1 AND w.index > $2 ORDER BY w.index LIMIT $3"))
+        .bind(run)
+        .bind(after.unwrap_or(-1))
+        .bind(limit)
+        .fetch_all(db)
+        .await
+}
+
+/// A page of the workspace's workers on the machine that have not ended: by run (newest
+/// first), then index, from just after `after`. A machine holds as many as fit its
+/// resources, found through `workers_machine_idx`, so the sort is of a few hundred rows.
+pub async fn page_on_machine(
+    db: impl PgExecutor<'_>,
+    machine: Uuid,
+    workspace: Uuid,
+    after: Option<UserPosition>,
+    limit: i64,
+) -> sqlx::Result<Vec<WorkerRecord>> {
+    let after_sql = match after {
+        Some(_) => "AND (w.run_id < $4 OR (w.run_id = $4 AND w.index > $5))",
+        None => "",
+    };
+    let sql = format!(
+        "{SELECT} WHERE w.machine_id = $1 AND w.workspace_id = $2 AND w.state NOT IN ('Completed', 'Failed')
+         {after_sql} ORDER BY w.run_id DESC, w.index LIMIT $3"
+    );
+    let query = sqlx::query_as(&sql).bind(machine).bind(workspace).bind(limit);
+    match after {
+        Some(p) => query.bind(p.run_id).bind(p.index),
+        None => query,
+    }
+    .fetch_all(db)
+    .await
 }
 
 pub async fn get(db: impl PgExecutor<'_>, workspace: Uuid, name: &str) -> sqlx::Result<Option<WorkerRecord>> {

@@ -416,3 +416,50 @@ async fn a_drive_is_never_deleted_under_a_run_created_at_the_same_time(db: sqlx:
         other => panic!("{other}: {}", deleted.text),
     }
 }
+
+#[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
+async fn a_run_holds_its_first_100_workers_and_pages_through_them_in_index_order(db: sqlx::PgPool) {
+    let app = app_with_recipe_drive(db).await;
+    for (name, replicas) in [("other", 1), ("inspect-food101", 103)] {
+        let run = recipe_run_with(|r| {
+            r["metadata"]["name"] = json!(name);
+            r["spec"]["replicas"] = json!(replicas);
+        });
+        assert_eq!(app.create_run(&run).await.status, 201);
+    }
+    let uid = |worker: &str| {
+        let app = &app;
+        let path = format!("/workers/{worker}");
+        async move { app.get(&path).await.json()["metadata"]["uid"].clone() }
+    };
+
+    // Index order, 10 after 9: the first 100, and the cursor for the rest.
+    let run = app.get_run("inspect-food101").await.json();
+    let first: Vec<String> = (0..100).map(|i| format!("inspect-food101-{i}")).collect();
+    assert_eq!(names(&run["status"]["workers"]), first);
+    assert_eq!(run["status"]["workers_next"], uid("inspect-food101-99").await);
+    assert_eq!(app.get_run("other").await.json()["status"].get("workers_next"), None);
+
+    let next = |cursor: &serde_json::Value| {
+        format!("/runs/inspect-food101/workers?limit=2&cursor={}", cursor.as_str().unwrap())
+    };
+    let page = app.get(&next(&run["status"]["workers_next"])).await.json();
+    assert_eq!(names(&page["items"]), ["inspect-food101-100", "inspect-food101-101"]);
+    assert_eq!(page["next"], uid("inspect-food101-101").await);
+    let last = app.get(&next(&page["next"])).await.json();
+    assert_eq!(names(&last["items"]), ["inspect-food101-102"]);
+    assert_eq!(last.get("next"), None, "{last}");
+    let whole = app.get("/runs/inspect-food101/workers?limit=1000").await.json();
+    assert_eq!(whole["items"].as_array().unwrap().len(), 103);
+
+    // A cursor from another run, or naming no worker, and a limit out of range: 400, by name.
+    let theirs = uid("other-0").await;
+    let reply = app.get(&next(&theirs)).await;
+    assert_refused(&reply, 400, "cursor", "names no worker of run inspect-food101");
+    let nil = "00000000-0000-0000-0000-000000000000";
+    let reply = app.get(&format!("/runs/inspect-food101/workers?cursor={nil}")).await;
+    assert_refused(&reply, 400, "cursor", "names no worker of run inspect-food101");
+    let reply = app.get("/runs/inspect-food101/workers?limit=1001").await;
+    assert_eq!(reply.status, 400, "{}", reply.text);
+    assert!(reply.message().contains("limit must be between 1 and 1000"), "{}", reply.text);
+}

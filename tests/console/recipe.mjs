@@ -434,9 +434,21 @@ try {
     assert.ok(!(await used.innerText()).includes('queue-100'), 'the 101st worker waits for the next page');
     await used.getByRole('button', { name: 'Show more workers' }).click();
     await waitText(used, 'queue-100');
-    assert.equal(await rows.count(), 101, (await rows.allInnerTexts()).slice(95).join(' / '));
+    await eventually('the second page below the first', async () => (await rows.count()) === 101);
     assert.equal(await used.getByRole('button', { name: 'Show more workers' }).count(), 0, 'no page follows the last');
     await shot('16b-drive-used-by-more');
+  });
+
+  await step('a run page shows 100 workers, and the next page with Show more workers', async () => {
+    await page.goto(`${BASE}/runs/queue`);
+    const workers = page.locator('section', { has: page.getByRole('heading', { name: 'Workers' }) });
+    const rows = workers.locator('tbody tr');
+    await eventually('the first page of workers', async () => (await rows.count()) === 100);
+    assert.equal(await rows.last().getAttribute('data-worker'), 'queue-99', 'index order: 99 before 100');
+    await workers.getByRole('button', { name: 'Show more workers' }).click();
+    await workers.locator('tr[data-worker="queue-100"]').waitFor();
+    await eventually('the second page below the first', async () => (await rows.count()) === 101);
+    assert.equal(await workers.getByRole('button', { name: 'Show more workers' }).count(), 0, 'no page follows the last');
     assert.equal((await api('DELETE', '/runs/queue')).status, 204);
   });
 
@@ -447,6 +459,21 @@ try {
     await waitText(copies, 'Complete');
     await page.locator('.panel [role="progressbar"]').waitFor();
     await shot('17-machine-copy');
+  });
+
+  await step('the machine page lists the workers on it, each linked to its run', async () => {
+    const sleeper = structuredClone(inspect);
+    sleeper.metadata.name = 'sleeper';
+    sleeper.spec.task_template.args = ['-c', 'sleep 300'];
+    sleeper.spec.task_template.datavolume_refs = [];
+    assert.equal((await api('POST', '/runs', sleeper)).status, 201);
+    const workers = page.locator('section', { has: page.getByRole('heading', { name: 'Workers' }) });
+    await waitText(workers, 'sleeper-0');
+    await waitText(workers, 'Running');
+    await workers.getByRole('link', { name: 'sleeper-0' }).click();
+    await page.waitForURL(`${BASE}/runs/sleeper?worker=sleeper-0`);
+    await page.getByRole('heading', { name: 'Logs of sleeper-0' }).waitFor();
+    assert.equal((await api('DELETE', '/runs/sleeper')).status, 204);
   });
 
   await step('Drives counts the drive’s copies by state', async () => {

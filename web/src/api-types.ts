@@ -828,7 +828,10 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        /** Read a machine, with the copies it keeps of the workspace's drives. */
+        /**
+         * Read a machine, with the copies it keeps of the workspace's drives and the first 100 of the
+         *     workspace's workers on it.
+         */
         get: {
             parameters: {
                 query?: never;
@@ -935,6 +938,80 @@ export interface paths {
                 503: components["responses"]["Unavailable"];
             };
         };
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/machines/{name}/workers": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * A page of the workspace's workers on the machine that have not ended, by run (newest
+         *     first), then index.
+         */
+        get: {
+            parameters: {
+                query?: {
+                    /** @description At most this many items (1–1000, default 100). */
+                    limit?: number;
+                    /** @description The `next` value of the previous page. */
+                    cursor?: string;
+                };
+                header?: never;
+                path: {
+                    name: string;
+                };
+                cookie?: never;
+            };
+            requestBody?: never;
+            responses: {
+                200: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["List_Worker"];
+                    };
+                };
+                /** @description A limit out of range */
+                400: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["ErrorBody"];
+                    };
+                };
+                401: components["responses"]["Unauthorized"];
+                404: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["ErrorBody"];
+                    };
+                };
+                /** @description `cursor` names a worker whose run was deleted */
+                410: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["ErrorBody"];
+                    };
+                };
+                429: components["responses"]["TooManyRequests"];
+                503: components["responses"]["Unavailable"];
+            };
+        };
+        put?: never;
+        post?: never;
         delete?: never;
         options?: never;
         head?: never;
@@ -1081,7 +1158,7 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        /** Read a run with its workers. */
+        /** Read a run with its first 100 workers. */
         get: {
             parameters: {
                 query?: never;
@@ -1169,10 +1246,15 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        /** The run's workers, in index order. */
+        /** A page of the run's workers, in index order. */
         get: {
             parameters: {
-                query?: never;
+                query?: {
+                    /** @description At most this many items (1–1000, default 100). */
+                    limit?: number;
+                    /** @description The `next` value of the previous page. */
+                    cursor?: string;
+                };
                 header?: never;
                 path: {
                     name: string;
@@ -1187,6 +1269,15 @@ export interface paths {
                     };
                     content: {
                         "application/json": components["schemas"]["List_Worker"];
+                    };
+                };
+                /** @description A limit out of range, or a cursor naming no worker of the run */
+                400: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["ErrorBody"];
                     };
                 };
                 401: components["responses"]["Unauthorized"];
@@ -2222,6 +2313,18 @@ export interface components {
                 metadata: components["schemas"]["MachineMeta"];
                 spec: components["schemas"]["MachineSpec"];
                 status: components["schemas"]["MachineStatus"];
+                /**
+                 * @description The caller's workspace's workers placed here that have not ended, by run (newest
+                 *     first), then index: one machine read alone holds the first 100; `GET
+                 *     /machines/{name}/workers` pages through them all.
+                 */
+                workers?: components["schemas"]["Worker"][] | null;
+                /**
+                 * Format: uuid
+                 * @description Pass as `cursor` to `GET /machines/{name}/workers` for the workers after these; absent
+                 *     when there are no more.
+                 */
+                workers_next?: string | null;
             }[];
             /**
              * Format: uuid
@@ -2332,6 +2435,18 @@ export interface components {
             metadata: components["schemas"]["MachineMeta"];
             spec: components["schemas"]["MachineSpec"];
             status: components["schemas"]["MachineStatus"];
+            /**
+             * @description The caller's workspace's workers placed here that have not ended, by run (newest
+             *     first), then index: one machine read alone holds the first 100; `GET
+             *     /machines/{name}/workers` pages through them all.
+             */
+            workers?: components["schemas"]["Worker"][] | null;
+            /**
+             * Format: uuid
+             * @description Pass as `cursor` to `GET /machines/{name}/workers` for the workers after these; absent
+             *     when there are no more.
+             */
+            workers_next?: string | null;
         };
         /** @description A drive's copy in this machine's data location. */
         MachineCopy: {
@@ -2474,8 +2589,17 @@ export interface components {
              * @description When the state or reason last changed.
              */
             updated_at: string;
-            /** @description The run's workers; only when one run is read. */
+            /**
+             * @description The run's workers in index order: one run read alone holds the first 100 (a list of
+             *     runs, none); `GET /runs/{name}/workers` pages through them all.
+             */
             workers?: components["schemas"]["Worker"][] | null;
+            /**
+             * Format: uuid
+             * @description Pass as `cursor` to `GET /runs/{name}/workers` for the workers after these; absent when
+             *     there are no more.
+             */
+            workers_next?: string | null;
         };
         Secret: {
             /** @description The variable names the secret sets; values are never returned. */

@@ -81,7 +81,7 @@ export interface MorePages<T> {
  */
 export function useMorePages<T>(
   path: string,
-  first: T[] | undefined,
+  first: T[] | null | undefined,
   next: string | null | undefined,
   key: (item: T) => string,
 ): MorePages<T> {

@@ -2,6 +2,7 @@
 import type { ComponentChildren } from 'preact';
 import { useEffect, useLayoutEffect, useRef, useState } from 'preact/hooks';
 import { ApiError, fieldMessages, pathMatches } from './api';
+import type { MorePages } from './hooks';
 import { Link } from './router';
 import { ago, dateTime, percent } from './format';
 
@@ -255,6 +256,22 @@ export function NotFound({ what, back, backText }: { what: string; back: string;
       <p>
         {what} does not exist in this workspace. <Link href={back}>{backText}</Link>
       </p>
+    </>
+  );
+}
+
+/** The button under a table that shows the list's next page, while one follows. */
+export function ShowMore<T>({ pages, what }: { pages: MorePages<T>; what: string }) {
+  return (
+    <>
+      <ErrorNote error={pages.error} prefix={`More ${what} not shown:`} />
+      {pages.more ? (
+        <p>
+          <button class="small" onClick={pages.showMore} disabled={pages.loading}>
+            {pages.loading ? `Loading more ${what}…` : `Show more ${what}`}
+          </button>
+        </p>
+      ) : null}
     </>
   );
 }

@@ -3,24 +3,25 @@ import { can } from '../auth';
 import { accessText, isFillOf, kindText } from '../drives';
 import { bytes, percent } from '../format';
 import { Events } from '../events';
-import { type MorePages, useMorePages, usePoll, useTitle } from '../hooks';
+import { useMorePages, usePoll, useTitle } from '../hooks';
 import { Link, navigate } from '../router';
-import { Bar, DeleteButton, ErrorNote, Flash, Loading, NotFound, setFlash, StateBadge, TableWrap, Time } from '../ui';
+import { Bar, DeleteButton, ErrorNote, Flash, Loading, NotFound, setFlash, ShowMore, StateBadge, TableWrap, Time } from '../ui';
 
 export function DrivePage({ name }: { name: string }) {
   useTitle(`Drive ${name}`);
   const drive = usePoll(`drive:${name}`, (signal) => get<Drive>(`/drives/${enc(name)}`, signal));
   const runs = usePoll('runs:all', (signal) => get<List<Run>>('/runs?all=true&limit=1000', signal));
 
+  const d = drive.data;
+  const copies = useMorePages(`/drives/${enc(name)}/copies`, d?.copies, d?.copies_next, (c) => c.node);
+  const users = useMorePages(`/drives/${enc(name)}/users`, d?.used_by, d?.used_by_next, (w) => w.name);
+
   if (drive.error instanceof ApiError && drive.error.status === 404) {
     return <NotFound what={`Drive ${name}`} back="/drives" backText="Back to Drives" />;
   }
-  const d = drive.data;
   const fills = (runs.data?.items ?? []).filter((r) => isFillOf(r, name));
   const source = d?.spec.sources[0];
   const hint = d?.spec.size_hint_bytes ?? 0;
-  const copies = useMorePages(`/drives/${enc(name)}/copies`, d?.copies, d?.copies_next, (c) => c.node);
-  const users = useMorePages(`/drives/${enc(name)}/users`, d?.used_by, d?.used_by_next, (w) => w.name);
 
   return (
     <>
@@ -250,22 +251,6 @@ export function DrivePage({ name }: { name: string }) {
           </details>
         </>
       )}
-    </>
-  );
-}
-
-/** The button under a table that shows the list's next page, while one follows. */
-function ShowMore<T>({ pages, what }: { pages: MorePages<T>; what: string }) {
-  return (
-    <>
-      <ErrorNote error={pages.error} prefix={`More ${what} not shown:`} />
-      {pages.more ? (
-        <p>
-          <button class="small" onClick={pages.showMore} disabled={pages.loading}>
-            {pages.loading ? `Loading more ${what}…` : `Show more ${what}`}
-          </button>
-        </p>
-      ) : null}
     </>
   );
 }

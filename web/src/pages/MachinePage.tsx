@@ -1,29 +1,22 @@
 import { useState } from 'preact/hooks';
-import { ApiError, enc, get, type List, type Machine, post, type Run, type Worker } from '../api';
+import { ApiError, enc, get, type Machine, post } from '../api';
 import { can } from '../auth';
 import { bytes, cores, mem } from '../format';
 import { Events } from '../events';
-import { usePoll, useTitle } from '../hooks';
+import { useMorePages, usePoll, useTitle } from '../hooks';
 import { DataLocationBar } from '../machines';
 import { Link } from '../router';
-import { described, ErrorNote, Field, FormError, Loading, NotFound, StateBadge, TableWrap, Time } from '../ui';
+import { described, ErrorNote, Field, FormError, Loading, NotFound, ShowMore, StateBadge, TableWrap, Time } from '../ui';
 
 export function MachinePage({ name }: { name: string }) {
   useTitle(`Machine ${name}`);
   const machine = usePoll(`machine:${name}`, (signal) => get<Machine>(`/machines/${enc(name)}`, signal));
-  // Workers are read through their runs: those of runs not yet ended, placed here.
-  const workers = usePoll(`machine-workers:${name}`, async (signal) => {
-    const runs = await get<List<Run>>('/runs?limit=1000', signal);
-    const lists = await Promise.all(
-      runs.items.map((r) => get<List<Worker>>(`/runs/${enc(r.metadata.name)}/workers`, signal).catch(() => ({ items: [] }))),
-    );
-    return lists.flatMap((l) => l.items).filter((w) => w.status.machine === name);
-  });
+  const m = machine.data;
+  const workers = useMorePages(`/machines/${enc(name)}/workers`, m?.workers, m?.workers_next, (w) => w.metadata.name);
 
   if (machine.error instanceof ApiError && machine.error.status === 404) {
     return <NotFound what={`Machine ${name}`} back="/machines" backText="Back to Machines" />;
   }
-  const m = machine.data;
   const copies = m?.copies ?? [];
 
   return (
@@ -124,11 +117,8 @@ export function MachinePage({ name }: { name: string }) {
 
           <section aria-labelledby="workers">
             <h2 id="workers">Workers</h2>
-            <ErrorNote error={workers.error} />
-            {!workers.data ? (
-              workers.error ? null : <Loading what="workers" />
-            ) : workers.data.length === 0 ? (
-              <p class="empty">No worker of a run that has not ended is on this machine.</p>
+            {workers.items.length === 0 ? (
+              <p class="empty">No worker of your workspace that has not ended is on this machine.</p>
             ) : (
               <TableWrap label="Workers on this machine">
                 <table>
@@ -141,7 +131,7 @@ export function MachinePage({ name }: { name: string }) {
                     </tr>
                   </thead>
                   <tbody>
-                    {workers.data.map((w) => (
+                    {workers.items.map((w) => (
                       <tr key={w.metadata.uid}>
                         <th scope="row">
                           <Link href={`/runs/${w.metadata.run}?worker=${enc(w.metadata.name)}`}>{w.metadata.name}</Link>
@@ -159,6 +149,7 @@ export function MachinePage({ name }: { name: string }) {
                 </table>
               </TableWrap>
             )}
+            <ShowMore pages={workers} what="workers" />
           </section>
           <Events object={`machine/${name}`} />
         </>

@@ -3,7 +3,7 @@ import { ApiError, del, enc, followLogs, get, type Run } from '../api';
 import { can } from '../auth';
 import { cores, mem } from '../format';
 import { Events } from '../events';
-import { usePoll, useTitle } from '../hooks';
+import { useMorePages, usePoll, useTitle } from '../hooks';
 import { Link, navigate } from '../router';
 import {
   DeleteButton,
@@ -13,6 +13,7 @@ import {
   messageOf,
   NotFound,
   setFlash,
+  ShowMore,
   StateBadge,
   TableWrap,
   Time,
@@ -24,14 +25,22 @@ const MAX_LOG_CHARS = 2_000_000;
 export function RunPage({ name, query }: { name: string; query: URLSearchParams }) {
   useTitle(`Run ${name}`);
   const run = usePoll(`run:${name}`, (signal) => get<Run>(`/runs/${enc(name)}`, signal));
+  const r = run.data;
+  const pages = useMorePages(
+    `/runs/${enc(name)}/workers`,
+    r?.status.workers,
+    r?.status.workers_next,
+    (w) => w.metadata.name,
+  );
 
   if (run.error instanceof ApiError && run.error.status === 404) {
     return <NotFound what={`Run ${name}`} back="/runs" backText="Back to Runs" />;
   }
-  const r = run.data;
-  const workers = r?.status.workers ?? [];
+  const workers = pages.items;
+  // A worker past the pages shown (linked from its machine) is followed by name.
   const wanted = query.get('worker');
-  const selected = workers.find((w) => w.metadata.name === wanted) ?? workers[0];
+  const listed = workers.some((w) => w.metadata.name === wanted);
+  const selected = listed || (wanted && pages.more) ? wanted : workers[0]?.metadata.name;
   const t = r?.spec.task_template;
   const isFill = !!r && r.metadata.name.startsWith('fill-');
 
@@ -139,7 +148,7 @@ export function RunPage({ name, query }: { name: string; query: URLSearchParams 
                         <Time iso={w.status.finished_at} />
                       </td>
                       <td>
-                        {selected?.metadata.name === w.metadata.name ? (
+                        {selected === w.metadata.name ? (
                           <span class="muted">Logs below</span>
                         ) : (
                           <button
@@ -157,9 +166,10 @@ export function RunPage({ name, query }: { name: string; query: URLSearchParams 
                 </tbody>
               </table>
             </TableWrap>
+            <ShowMore pages={pages} what="workers" />
           </section>
 
-          {selected ? <Logs worker={selected.metadata.name} /> : null}
+          {selected ? <Logs worker={selected} /> : null}
 
           <Events object={`run/${name}`} />
         </>

@@ -1,0 +1,87 @@
+use astraeus::domain::role::Role;
+use reqwest::Method;
+use serde_json::Value;
+
+use crate::helpers::*;
+
+/// Joins a machine named `name` with room for `cpu_cores` workers of one core, as its agent would.
+async fn join(app: &TestApp, name: &str, cpu_cores: u32) {
+    let admin = app.token_for("default", Role::Admin, true).await;
+    let body = json!({"ttl_seconds": 600});
+    let minted = app.request(Method::POST, "/clusters/main/join-tokens", Some(&admin), Some(&body)).await;
+    assert_eq!(minted.status, 201, "{}", minted.text);
+    let body = json!({
+        "join_token": minted.json()["token"],
+        "name": name,
+        "capacity": {"cpu_cores": cpu_cores, "memory_bytes": 1u64 << 40, "gpus": 0},
+    });
+    let joined = app.client.post(format!("{}/agent/v1/join", app.address)).json(&body).send().await.unwrap();
+    assert!(joined.status().is_success(), "{}", joined.text().await.unwrap());
+}
+
+/// A run of `replicas` workers of one core that mounts nothing.
+fn run(name: &str, replicas: u32) -> Value {
+    let mut run = recipe_run();
+    run["metadata"]["name"] = json!(name);
+    run["spec"]["replicas"] = json!(replicas);
+    run["spec"]["task_template"]["datavolume_refs"] = json!([]);
+    run
+}
+
+fn names(list: &Value) -> Vec<&str> {
+    list.as_array().unwrap().iter().map(|o| o["metadata"]["name"].as_str().unwrap()).collect()
+}
+
+#[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
+async fn a_machine_holds_its_first_100_workers_and_pages_through_them_newest_run_first(db: sqlx::PgPool) {
+    let app = spawn_app(db).await;
+    join(&app, "gpu-01", 200).await;
+    for (name, replicas) in [("older", 2), ("queue", 101)] {
+        let reply = app.create_run(&run(name, replicas)).await;
+        assert_eq!(reply.status, 201, "{}", reply.text);
+    }
+    // Another workspace's worker on the same machine is not listed.
+    let theirs = app.token_for("other", Role::Editor, false).await;
+    let reply = app.request(Method::POST, "/runs", Some(&theirs), Some(&run("theirs", 1))).await;
+    assert_eq!(reply.status, 201, "{}", reply.text);
+    assert_eq!(astraeus::scheduler::tick(&app.db).await.unwrap(), 104);
+    let uid = |worker: &str| {
+        let app = &app;
+        let path = format!("/workers/{worker}");
+        async move { app.get(&path).await.json()["metadata"]["uid"].clone() }
+    };
+
+    let machine = app.get("/machines/gpu-01").await.json();
+    let first: Vec<String> = (0..100).map(|i| format!("queue-{i}")).collect();
+    assert_eq!(names(&machine["workers"]), first);
+    assert_eq!(machine["workers"][0]["status"]["machine"], "gpu-01");
+    assert_eq!(machine["workers_next"], uid("queue-99").await);
+
+    let next =
+        |cursor: &Value| format!("/machines/gpu-01/workers?limit=2&cursor={}", cursor.as_str().unwrap());
+    let page = app.get(&next(&machine["workers_next"])).await.json();
+    assert_eq!(names(&page["items"]), ["queue-100", "older-0"]);
+    assert_eq!(page["next"], uid("older-0").await);
+    let last = app.get(&next(&page["next"])).await.json();
+    assert_eq!(names(&last["items"]), ["older-1"]);
+    assert_eq!(last.get("next"), None, "{last}");
+
+    // A worker that ended leaves the list.
+    sqlx::query("UPDATE workers SET state = 'Completed' WHERE name = 'older-1'")
+        .execute(&app.db)
+        .await
+        .unwrap();
+    assert_eq!(names(&app.get(&next(&page["next"])).await.json()["items"]), Vec::<&str>::new());
+
+    // A cursor whose worker went with its run, a limit out of range, a machine that is not there.
+    assert_eq!(app.delete("/runs/older").await.status, 204);
+    let reply = app.get(&next(&page["next"])).await;
+    assert_eq!(reply.status, 410, "{}", reply.text);
+    assert!(reply.message().contains("list again without a cursor"), "{}", reply.text);
+    let reply = app.get("/machines/gpu-01/workers?limit=0").await;
+    assert_eq!(reply.status, 400, "{}", reply.text);
+    assert!(reply.message().contains("limit must be between 1 and 1000"), "{}", reply.text);
+    let reply = app.get("/machines/gpu-02/workers").await;
+    assert_eq!(reply.status, 404, "{}", reply.text);
+    assert!(reply.message().contains("machine gpu-02 not found"), "{}", reply.text);
+}

@@ -1,13 +1,13 @@
 //! Heartbeats that change nothing, answered from memory and written in batches.
 //!
-//! Most heartbeats repeat the copies the machine was last found to hold. Once Postgres has
-//! agreed that a report matches (`machines::beat_if_unchanged`), the same report is answered
-//! from here, and its liveness and usage are written for all machines at once every
-//! [`flush_every`]. Whatever the server changes on its side of the report (a copy evicted or
-//! dropped, the data location, the machine's state) is announced by a trigger on
-//! `astraeus_report` and forgets the machine on every replica; an entry lapses after [`TTL`]
-//! anyway, which bounds how long a lost notification matters. A crash loses at most one
-//! batch of liveness, which the next heartbeat restores.
+//! Most heartbeats repeat the copies the machine was last found to hold. Once Postgres has agreed
+//! that a report matches (`machines::beat_if_unchanged`), the same report is answered from here,
+//! and its liveness and usage are written for all machines at once every
+//! [`flush_every`](crate::beats::flush_every). Whatever the server changes on its side of the
+//! report (a copy evicted or dropped, the data location, the machine's state) is announced by a
+//! trigger on `astraeus_report` and forgets the machine on every replica; an entry lapses after
+//! [`TTL`](crate::beats::TTL) anyway, which bounds how long a lost notification matters. A crash
+//! loses at most one batch of liveness, which the next heartbeat restores.
 
 use std::collections::{HashMap, HashSet};
 use std::hash::{Hash, Hasher};
@@ -108,7 +108,7 @@ impl Beats {
         self.pending.lock().expect("not poisoned").insert(machine, (Utc::now(), *usage));
     }
 
-    /// Writes the queued heartbeats, [`CHUNK`] machines a statement; returns how many were
+    /// Writes the queued heartbeats, `CHUNK` machines a statement; returns how many were
     /// written. A machine whose row is held elsewhere is queued again for the next batch
     /// (unless it beat again meanwhile), so no batch waits for a row; a machine deleted since
     /// is dropped.

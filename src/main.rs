@@ -35,7 +35,10 @@ async fn main() -> anyhow::Result<()> {
                 Some(path) => {
                     std::fs::write(&path, json).with_context(|| format!("cannot write {}", path.display()))
                 }
-                None => Ok(print!("{json}")),
+                None => {
+                    print!("{json}");
+                    Ok(())
+                }
             }
         }
     }

@@ -443,7 +443,9 @@ async fn the_state_gauges_follow_workers_copies_and_runs_added_moved_and_deleted
     // Folds running together keep every sum, and leave one row a state.
     let compact = || astraeus::store::compact_state_counts(&pool);
     let (a, b, c) = tokio::join!(compact(), compact(), compact());
-    (a.unwrap(), b.unwrap(), c.unwrap());
+    a.unwrap();
+    b.unwrap();
+    c.unwrap();
     let (gauged, counted) = state_counts(&pool).await;
     assert_eq!(gauged, counted);
     let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM state_counts").fetch_one(&pool).await.unwrap();

@@ -100,10 +100,10 @@ async fn join(
     if req.capacity.memory_bytes > i64::MAX as u64 {
         p.add("capacity.memory_bytes", "is too large");
     }
-    if let Some(d) = &req.data_location {
-        if let Err(e) = crate::domain::path::AbsPath::parse(d) {
-            p.add("data_location", e);
-        }
+    if let Some(d) = &req.data_location
+        && let Err(e) = crate::domain::path::AbsPath::parse(d)
+    {
+        p.add("data_location", e);
     }
     p.finish().map_err(ApiError::Invalid)?;
     let credential_id = Uuid::now_v7();

@@ -171,6 +171,10 @@ impl Fleet {
         self.machines.read().expect("not poisoned").len()
     }
 
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
     /// Joins machines until there are `total`, confirms their data locations through the user
     /// API, and starts their heartbeat and long-poll loops.
     pub async fn grow(self: &Arc<Self>, total: usize) -> anyhow::Result<()> {

@@ -48,6 +48,10 @@ impl Lat {
         self.0.len()
     }
 
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
     /// The `q` quantile (0–1) in milliseconds; 0 when empty.
     pub fn ms(&self, q: f64) -> f64 {
         if self.0.is_empty() { 0.0 } else { self.0.value_at_quantile(q) as f64 / 1000.0 }

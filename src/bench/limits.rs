@@ -106,10 +106,10 @@ pub async fn axum_empty(http: &Client, duration: Duration, rate: u32) -> anyhow:
         let (http, url, done) = (http.clone(), url.clone(), done.clone());
         clients.spawn(async move {
             while start.elapsed() < duration {
-                if let Ok(r) = http.get(&url).send().await {
-                    if r.bytes().await.is_ok() {
-                        done.fetch_add(1, Ordering::Relaxed);
-                    }
+                if let Ok(r) = http.get(&url).send().await
+                    && r.bytes().await.is_ok()
+                {
+                    done.fetch_add(1, Ordering::Relaxed);
                 }
             }
         });

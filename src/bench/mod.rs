@@ -48,7 +48,7 @@ pub struct Plan {
     /// The longest the bench waits for placement or seeding before it gives up.
     pub wait_limit: Duration,
     /// The simulated machines' requests in flight at once, long-polls aside: what the limit on
-    /// open files leaves (see [`raise_open_files`]).
+    /// open files leaves (see `raise_open_files`).
     pub agent_calls: usize,
 }
 

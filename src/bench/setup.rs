@@ -151,10 +151,10 @@ impl Server {
             Server { child, pid, port, base: format!("http://127.0.0.1:{port}"), log: log.to_owned() };
         let start = Instant::now();
         loop {
-            if let Ok(r) = http.get(format!("{}/readyz", server.base)).send().await {
-                if r.status().is_success() {
-                    return Ok(server);
-                }
+            if let Ok(r) = http.get(format!("{}/readyz", server.base)).send().await
+                && r.status().is_success()
+            {
+                return Ok(server);
             }
             if let Some(status) = server.child.try_wait()? {
                 bail!("the server exited ({status}); see {}", server.log.display());

@@ -1,5 +1,5 @@
 //! `astra`, the command-line client of the public REST API: its flags (clap derive) and dispatch.
-//! One file per command group; every failure is a [`CliError`] with an exit code.
+//! One file per command group; every failure is a [`CliError`](crate::cli::CliError) with an exit code.
 
 mod apply;
 mod auth;

@@ -119,10 +119,10 @@ impl DriveSpec {
     /// Cross-field rules; host-path grants need the database and are checked by the caller.
     pub fn check(&self, p: &mut Problems) {
         let Some(location) = self.location_checked(p) else { return };
-        if let Some(size) = self.size_hint_bytes {
-            if size == 0 || size > MAX_SIZE_HINT {
-                p.add("spec.size_hint_bytes", "must be between 1 byte and 1 EiB");
-            }
+        if let Some(size) = self.size_hint_bytes
+            && (size == 0 || size > MAX_SIZE_HINT)
+        {
+            p.add("spec.size_hint_bytes", "must be between 1 byte and 1 EiB");
         }
         if self.transport == Transport::Local && !matches!(location, Location::Node(..)) {
             p.add("spec.transport", "Local applies only to a drive on one machine (node and path)");

@@ -153,13 +153,13 @@ impl TaskTemplate {
             }
             check_text(p, &format!("{at}.env.{name}"), value, MAX_ARG, false);
         }
-        if let Some(t) = self.time_limit_seconds {
-            if t == 0 || t > MAX_TIME_LIMIT {
-                p.add(
-                    format!("{at}.time_limit_seconds"),
-                    format!("must be between 1 and {MAX_TIME_LIMIT} (30 days)"),
-                );
-            }
+        if let Some(t) = self.time_limit_seconds
+            && (t == 0 || t > MAX_TIME_LIMIT)
+        {
+            p.add(
+                format!("{at}.time_limit_seconds"),
+                format!("must be between 1 and {MAX_TIME_LIMIT} (30 days)"),
+            );
         }
         self.requested_resources.check(&format!("{at}.requested_resources"), p);
         if self.datavolume_refs.len() > MAX_REFS {
@@ -167,13 +167,13 @@ impl TaskTemplate {
         }
         let mut mounts = HashSet::new();
         for (i, r) in self.datavolume_refs.iter().enumerate() {
-            if let Some(m) = &r.mount_path {
-                if !mounts.insert(m.as_str()) {
-                    p.add(
-                        format!("{at}.datavolume_refs[{i}].mount_path"),
-                        format!("{m} is already used by another drive of this task"),
-                    );
-                }
+            if let Some(m) = &r.mount_path
+                && !mounts.insert(m.as_str())
+            {
+                p.add(
+                    format!("{at}.datavolume_refs[{i}].mount_path"),
+                    format!("{m} is already used by another drive of this task"),
+                );
             }
         }
         let mut secrets = HashSet::new();

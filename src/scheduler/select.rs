@@ -75,17 +75,16 @@ fn tally(reasons: &mut Vec<(String, usize)>, why: String) {
     }
 }
 
+/// A machine's score and index, when one fits.
+type Pick = Option<(Score, usize)>;
+
 /// The best and second-best fitting machines with a whole copy among `warm`, as a scan in
 /// index order would find them (higher score first, then lower index). The machines come best
 /// bound first, so the scan stops at the first whose bound cannot beat the runner-up.
-fn best_two_warm(
-    machines: &[MachineView],
-    r: &Request,
-    warm: &[(Score, usize)],
-) -> (Option<(Score, usize)>, Option<(Score, usize)>) {
+fn best_two_warm(machines: &[MachineView], r: &Request, warm: &[(Score, usize)]) -> (Pick, Pick) {
     let key = |(s, i): (Score, usize)| (s, Reverse(i));
-    let mut best: Option<(Score, usize)> = None;
-    let mut second: Option<(Score, usize)> = None;
+    let mut best: Pick = None;
+    let mut second: Pick = None;
     for &(bound, i) in warm {
         if second.is_some_and(|b| key((bound, i)) < key(b)) {
             break;
@@ -108,13 +107,13 @@ fn best_two_warm(
     (best, second)
 }
 
-type Ranked = (Option<(Score, usize)>, Option<(Score, usize)>, Vec<(String, usize)>);
+type Ranked = (Pick, Pick, Vec<(String, usize)>);
 
 /// The best and second-best fitting machines among `indices` (the first wins a tie), and each
 /// rejection's reason with its count.
 fn rank(machines: &[MachineView], r: &Request, indices: impl Iterator<Item = usize>) -> Ranked {
-    let mut best: Option<(Score, usize)> = None;
-    let mut second: Option<(Score, usize)> = None;
+    let mut best: Pick = None;
+    let mut second: Pick = None;
     let mut reasons: Vec<(String, usize)> = Vec::new();
     for i in indices {
         let m = &machines[i];

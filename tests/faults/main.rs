@@ -386,7 +386,10 @@ async fn deletions_race_fills_and_runs() {
         let (drive, run) = (format!("ra-{i:03}"), format!("job-ra-{i:03}"));
         c.users.create("/drives", &drive_body(&drive)).await.unwrap();
         c.users
-            .create("/runs", &run_body(&run, 1, &[drive.clone()], Some(&machines[i % machines.len()])))
+            .create(
+                "/runs",
+                &run_body(&run, 1, std::slice::from_ref(&drive), Some(&machines[i % machines.len()])),
+            )
             .await
             .unwrap();
         tokio::time::sleep(Duration::from_millis((i % 5) as u64 * 15)).await;
@@ -396,7 +399,7 @@ async fn deletions_race_fills_and_runs() {
         // A new run mounting a drive while the drive is deleted.
         let (drive, run) = (format!("rb-{i:03}"), format!("job-rb-{i:03}"));
         c.users.create("/drives", &drive_body(&drive)).await.unwrap();
-        let body = run_body(&run, 1, &[drive.clone()], Some(&machines[i % machines.len()]));
+        let body = run_body(&run, 1, std::slice::from_ref(&drive), Some(&machines[i % machines.len()]));
         let drive_path = format!("/drives/{drive}");
         let (made, deleted) = tokio::join!(
             c.users.call(Method::POST, "/runs", Some(&body)),

@@ -29,7 +29,7 @@ pub async fn tick(db: &PgPool, refill_after: Duration) -> anyhow::Result<(usize,
     let mut tx = db.begin().await?;
     // One fill controller at a time: its reads and writes must not interleave with another's.
     sqlx::query("SELECT pg_advisory_xact_lock(7261)").execute(&mut *tx).await?;
-    let waiting: Vec<Waiting> = store::fills::waiting(&mut *tx)
+    let waiting: Vec<Waiting> = store::fills::waiting(&mut tx)
         .await?
         .into_iter()
         .map(|w| Waiting { worker: w.worker, machine: w.machine, drive: w.drive, reason: w.reason })

@@ -21,7 +21,7 @@ use crate::controllers::fill;
 use crate::hub::Hub;
 use crate::store::{
     self,
-    workers::{Bind, Charge, PendingRow, PendingRun},
+    workers::{Bind, Charge, ClaimCursor, PendingRow, PendingRun},
 };
 use score::Score;
 use snapshot::{CopyState, CopyView, DriveNeed, MachineView, Request};
@@ -65,24 +65,33 @@ pub async fn run(db: PgPool, hub: Arc<Hub>, refill_after: Duration, stop: Cancel
     }
 }
 
-/// Places what it can, batch after batch; returns how many workers it bound.
+/// Places what it can, batch after batch; returns how many workers it bound. Each batch is
+/// claimed after the last, so workers that fit nowhere hold up none behind them; those the tick
+/// passed are claimed again by the next.
 pub async fn tick(db: &PgPool) -> anyhow::Result<usize> {
     let mut bound = 0;
+    let mut after = None;
     loop {
-        let (placed, claimed) = pass(db).await?;
+        let (placed, claimed, next) = pass(db, after).await?;
         bound += placed;
-        if claimed < BATCH as usize || placed == 0 {
+        // Fills' workers are claimed first whatever the cursor: a batch of them that fit
+        // nowhere would come back every pass.
+        if claimed < BATCH as usize || (placed == 0 && next == after) {
             return Ok(bound);
         }
+        after = next;
     }
 }
 
-async fn pass(db: &PgPool) -> anyhow::Result<(usize, usize)> {
+async fn pass(
+    db: &PgPool,
+    after: Option<ClaimCursor>,
+) -> anyhow::Result<(usize, usize, Option<ClaimCursor>)> {
     let started = std::time::Instant::now();
     let mut tx = db.begin().await?;
-    let (pending, runs) = store::workers::claim_pending(&mut tx, BATCH).await?;
+    let (pending, runs, next) = store::workers::claim_pending(&mut tx, BATCH, after).await?;
     if pending.is_empty() {
-        return Ok((0, 0));
+        return Ok((0, 0, next));
     }
     let requests: HashMap<Uuid, Request> = runs.values().map(|r| (r.id, request(r))).collect();
     let scope = scope(requests.values());
@@ -207,7 +216,7 @@ async fn pass(db: &PgPool) -> anyhow::Result<(usize, usize)> {
     let placed = bound.len();
     metrics::counter!("astraeus_placements_total").increment(placed as u64);
     metrics::histogram!("astraeus_scheduler_pass_seconds").record(started.elapsed().as_secs_f64());
-    Ok((placed, pending.len()))
+    Ok((placed, pending.len(), next))
 }
 
 /// What each worker of the run asks for.

@@ -386,12 +386,18 @@ pub struct PendingRun {
     pub fill_drive_id: Option<Uuid>,
 }
 
+/// Where a claim stopped in the Pending workers' order (`created_at`, then `id`).
+pub type ClaimCursor = (DateTime<Utc>, Uuid);
+
 /// Claims up to `limit` Pending workers, fills' workers first (they unblock the workers
-/// waiting for them), and reads their runs.
+/// waiting for them), then the others from just after `after`, and reads their runs. Returns
+/// where the others stopped (`after` when none were claimed), for the next batch: starting
+/// from the oldest again would claim the workers that fit nowhere every time.
 pub async fn claim_pending(
     tx: &mut PgConnection,
     limit: i64,
-) -> sqlx::Result<(Vec<PendingRow>, HashMap<Uuid, PendingRun>)> {
+    after: Option<ClaimCursor>,
+) -> sqlx::Result<(Vec<PendingRow>, HashMap<Uuid, PendingRun>, Option<ClaimCursor>)> {
     // Fills' workers first: the workers waiting for a copy wait for them. Each step walks an
     // index and stops at the limit; one sort of every Pending worker by "is a fill" took 50 ms
     // with 100,000 of them.
@@ -415,19 +421,28 @@ pub async fn claim_pending(
     };
     let first: Vec<Uuid> = workers.iter().map(|w| w.id).collect();
     let rest = limit - workers.len() as i64;
+    let mut next = after;
     if rest > 0 {
         // A fill's worker whose run the first step missed is claimed here, in turn.
-        workers.extend(
-            sqlx::query_as::<_, PendingRow>(
-                "SELECT id, run_id, workspace_id, name, reason, created_at FROM workers
-                 WHERE state = 'Pending' AND id <> ALL($1)
-                 ORDER BY created_at, id LIMIT $2 FOR UPDATE SKIP LOCKED",
-            )
-            .bind(&first)
-            .bind(rest)
-            .fetch_all(&mut *tx)
-            .await?,
+        // `created_at >= $3` is what `workers_pending_idx` (on `created_at`) starts from.
+        let from = match after {
+            Some(_) => "AND created_at >= $3 AND (created_at, id) > ($3, $4)",
+            None => "",
+        };
+        let sql = format!(
+            "SELECT id, run_id, workspace_id, name, reason, created_at FROM workers
+             WHERE state = 'Pending' AND id <> ALL($1) {from}
+             ORDER BY created_at, id LIMIT $2 FOR UPDATE SKIP LOCKED"
         );
+        let query = sqlx::query_as(&sql).bind(&first).bind(rest);
+        let others: Vec<PendingRow> = match after {
+            Some((at, id)) => query.bind(at).bind(id),
+            None => query,
+        }
+        .fetch_all(&mut *tx)
+        .await?;
+        next = others.last().map(|w| (w.created_at, w.id)).or(after);
+        workers.extend(others);
     }
     let mut ids: Vec<Uuid> = workers.iter().map(|w| w.run_id).collect();
     ids.sort_unstable();
@@ -447,7 +462,7 @@ pub async fn claim_pending(
     .bind(&ids)
     .fetch_all(&mut *tx)
     .await?;
-    Ok((workers, runs.into_iter().map(|r| (r.id, r)).collect()))
+    Ok((workers, runs.into_iter().map(|r| (r.id, r)).collect(), next))
 }
 
 /// What the workers waiting on each machine for each drive hold, by (machine, drive): they lend

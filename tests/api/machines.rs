@@ -85,3 +85,27 @@ async fn a_machine_holds_its_first_100_workers_and_pages_through_them_newest_run
     assert_eq!(reply.status, 404, "{}", reply.text);
     assert!(reply.message().contains("machine gpu-02 not found"), "{}", reply.text);
 }
+
+#[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
+async fn workers_that_fit_no_machine_hold_up_none_behind_them(db: sqlx::PgPool) {
+    let app = spawn_app(db).await;
+    join(&app, "gpu-01", 2).await;
+    // More workers than a scheduling pass claims, each asking for a GPU that gpu-01 lacks.
+    for i in 0..5 {
+        let mut gpus = run(&format!("gpus-{i}"), 1000);
+        gpus["spec"]["task_template"]["requested_resources"]["gpus"] = json!(1);
+        let reply = app.create_run(&gpus).await;
+        assert_eq!(reply.status, 201, "{}", reply.text);
+    }
+    let reply = app.create_run(&run("small", 1)).await;
+    assert_eq!(reply.status, 201, "{}", reply.text);
+
+    assert_eq!(astraeus::scheduler::tick(&app.db).await.unwrap(), 1);
+    let small = app.get("/workers/small-0").await.json();
+    assert_eq!(small["status"]["machine"], "gpu-01", "{small}");
+    for worker in ["gpus-0-0", "gpus-4-999"] {
+        let waiting = app.get(&format!("/workers/{worker}")).await.json();
+        assert_eq!(waiting["status"]["state"], "Pending", "{waiting}");
+        assert!(waiting["status"]["reason"].as_str().unwrap().contains("Insufficient gpus"), "{waiting}");
+    }
+}

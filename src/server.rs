@@ -76,7 +76,7 @@ pub fn start_loops(app: &AppState, c: &ControllerArgs, stop: &CancellationToken)
         }
     });
     let refill_after = Duration::from_secs(c.refill_after_seconds);
-    set.spawn(scheduler::run(store::loops_pool(&app.db), app.hub.clone(), refill_after, stop.clone()));
+    set.spawn(scheduler::run(app.db.clone(), app.hub.clone(), refill_after, stop.clone()));
     set.spawn(janitor::run(app.db.clone(), app.limiter.clone(), stop.clone()));
     let grace = Duration::from_secs(c.heartbeat_grace_seconds);
     set.spawn(liveness::run(app.db.clone(), grace, stop.clone()));

@@ -46,28 +46,7 @@ pub async fn connect(url: &str, max_connections: u32) -> anyhow::Result<PgPool> 
             // Compiling a plan costs tens of milliseconds, more than any of these queries runs.
             ("jit", "off"),
         ]);
-    let pool = pool_options(max_connections)
-        .connect_with(options)
-        .await
-        .context("cannot connect to Postgres (check DATABASE_URL)")?;
-    MIGRATOR.run(&pool).await.context("cannot apply database migrations")?;
-    Ok(pool)
-}
-
-/// Connections of the control loops' own pool: one for a pass, one more while sqlx checks the
-/// last one on its way back to the pool.
-const LOOP_CONNECTIONS: u32 = 2;
-
-/// A pool of [`LOOP_CONNECTIONS`] for the scheduler and the fill controller, with the same
-/// settings as the API's `pool`, opened as needed. Sharing the API's pool at 10,000 machines,
-/// a pass's claim took 40–530 ms for 3–5 ms of statements: the rest was waiting for a
-/// connection behind the machines' requests.
-pub fn loops_pool(pool: &PgPool) -> PgPool {
-    pool_options(LOOP_CONNECTIONS).connect_lazy_with((*pool.connect_options()).clone())
-}
-
-fn pool_options(max_connections: u32) -> PgPoolOptions {
-    PgPoolOptions::new()
+    let pool = PgPoolOptions::new()
         .max_connections(max_connections)
         .acquire_timeout(Duration::from_secs(5))
         // sqlx pings a connection on every acquire by default: a round trip per statement on
@@ -84,6 +63,11 @@ fn pool_options(max_connections: u32) -> PgPoolOptions {
                 Ok(true)
             })
         })
+        .connect_with(options)
+        .await
+        .context("cannot connect to Postgres (check DATABASE_URL)")?;
+    MIGRATOR.run(&pool).await.context("cannot apply database migrations")?;
+    Ok(pool)
 }
 
 /// Keyset pagination over time-ordered ids (UUIDv7): newest first.

@@ -286,10 +286,7 @@ async fn users_page(
     params: &PageParams,
 ) -> Result<List<WorkerRef>, ApiError> {
     let limit = params.fetch_limit()?;
-    let after = match params.cursor {
-        Some(id) => Some(workers::cursor_position(app, id).await?),
-        None => None,
-    };
+    let after = workers::after_cursor(app, params.cursor).await?;
     let rows = store::workers::using_drive(&app.db, drive.id, after, limit).await?;
     Ok(List::from_rows(rows, limit, |w| w.id, WorkerRef::from))
 }

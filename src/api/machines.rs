@@ -254,10 +254,7 @@ async fn workers_page(
     params: &PageParams,
 ) -> Result<List<Worker>, ApiError> {
     let limit = params.fetch_limit()?;
-    let after = match params.cursor {
-        Some(id) => Some(workers::cursor_position(app, id).await?),
-        None => None,
-    };
+    let after = workers::after_cursor(app, params.cursor).await?;
     let rows = store::workers::page_on_machine(&app.db, machine, caller.workspace_id, after, limit).await?;
     Ok(workers::page(caller, rows, limit))
 }

@@ -122,10 +122,12 @@ pub fn page(caller: &Caller, rows: Vec<WorkerRecord>, fetch_limit: i64) -> List<
     List::from_rows(rows, fetch_limit, |w| w.id, |w| to_object(&caller.workspace, w))
 }
 
-/// Where a list ordered by run (newest first), then index, goes on after `cursor`. 410 when the
-/// worker is gone: its run was deleted.
-pub async fn cursor_position(app: &AppState, cursor: Uuid) -> Result<UserPosition, ApiError> {
-    store::workers::position(&app.db, cursor).await?.ok_or_else(|| {
+/// Where a list ordered by run (newest first), then index, goes on after `cursor` (from the
+/// start without one). 410 when the worker is gone: its run was deleted.
+pub async fn after_cursor(app: &AppState, cursor: Option<Uuid>) -> Result<Option<UserPosition>, ApiError> {
+    let Some(cursor) = cursor else { return Ok(None) };
+    let found = store::workers::position(&app.db, cursor).await?;
+    found.map(Some).ok_or_else(|| {
         ApiError::Gone(format!(
             "cursor {cursor} names a worker that no longer exists (its run was deleted): list again without a cursor"
         ))

@@ -22,7 +22,10 @@ use uuid::Uuid;
 use crate::protocol::CopyReport;
 use crate::store::{self, machines::Usage};
 
-pub const TTL: Duration = Duration::from_secs(30);
+/// A last resort: a missed notification is noticed (the listener forgets everything when its
+/// connection comes back). At 30 s, a fleet beating every 5 s sent every sixth heartbeat to
+/// Postgres, the second costliest statement of a bench run at 10,000 machines (92,108 calls).
+pub const TTL: Duration = Duration::from_secs(300);
 
 /// Machines written per statement by [`Beats::flush`].
 const CHUNK: usize = 500;

@@ -68,6 +68,8 @@ pub struct Hub {
     pub machine_tokens: crate::auth::verified::Verified<crate::auth::machine::MachineClaims>,
     /// Heartbeats that changed nothing, forgotten when the server changes its side.
     pub beats: crate::beats::Beats,
+    /// The latest assignment version each machine's wake-up carried (`<id>:<version>`).
+    versions: Mutex<HashMap<Uuid, i64>>,
 }
 
 impl Hub {
@@ -85,6 +87,16 @@ impl Hub {
             self.changes.notify_waiters();
             return;
         }
+        if channel == MACHINE {
+            let (id, version) = match payload.split_once(':') {
+                Some((id, v)) => (id, v.parse::<i64>().ok()),
+                None => (payload, None),
+            };
+            let Ok(id) = id.parse::<Uuid>() else { return };
+            self.heard_version(id, version);
+            self.notify(MACHINE, id);
+            return;
+        }
         let Ok(id) = payload.parse::<Uuid>() else { return };
         if channel == REVOKED {
             self.credentials.forget(id);
@@ -95,15 +107,46 @@ impl Hub {
             self.beats.forget(id);
             return;
         }
-        let channel = match channel {
-            MACHINE => MACHINE,
-            WORKER => WORKER,
-            _ => return,
-        };
+        if channel == WORKER {
+            self.notify(WORKER, id);
+        }
+    }
+
+    fn notify(&self, channel: &'static str, id: Uuid) {
         let waiter = self.waiters.lock().expect("not poisoned").get(channel, id);
         if let Some(n) = waiter {
             n.notify_waiters();
         }
+    }
+
+    /// The machine's assignment version as of the latest wake-up heard for it, if one was heard
+    /// since the listener last (re)connected. Wake-ups come in commit order, so Postgres holds
+    /// this version or a newer one, whose wake-up is on its way.
+    pub fn assign_version(&self, machine: Uuid) -> Option<i64> {
+        self.versions.lock().expect("not poisoned").get(&machine).copied()
+    }
+
+    /// A wake-up without a version says the version moved to one not known here.
+    fn heard_version(&self, machine: Uuid, version: Option<i64>) {
+        let mut versions = self.versions.lock().expect("not poisoned");
+        match version {
+            Some(v) => {
+                let known = versions.entry(machine).or_insert(v);
+                *known = (*known).max(v);
+            }
+            None => {
+                versions.remove(&machine);
+            }
+        }
+    }
+
+    /// The listener may have missed notifications (its connection dropped and was made again):
+    /// what they would have kept true here is read from Postgres again.
+    fn missed(&self) {
+        self.schedule.notify_one();
+        self.beats.forget_all();
+        self.credentials.forget_all();
+        self.versions.lock().expect("not poisoned").clear();
     }
 
     /// Listens until the process ends, reconnecting when the connection drops. While it is
@@ -114,10 +157,6 @@ impl Hub {
                 Ok(()) => return,
                 Err(e) => {
                     tracing::warn!(error = %e, "notification listener lost its connection; retrying");
-                    // Something may have changed while we were not listening.
-                    self.schedule.notify_one();
-                    self.beats.forget_all();
-                    self.credentials.forget_all();
                     tokio::time::sleep(Duration::from_secs(1)).await;
                 }
             }
@@ -127,9 +166,19 @@ impl Hub {
     async fn listen_once(&self, db: &PgPool) -> sqlx::Result<()> {
         let mut listener = PgListener::connect_with(db).await?;
         listener.listen_all([MACHINE, WORKER, SCHEDULE, CHANGE, REVOKED, REPORT]).await?;
+        // Something may have changed while nobody listened.
+        self.missed();
         loop {
-            let n = listener.recv().await?;
-            self.wake(n.channel(), n.payload());
+            match listener.try_recv().await? {
+                Some(n) => self.wake(n.channel(), n.payload()),
+                // The connection dropped and was made again, listening as before.
+                None => {
+                    tracing::warn!(
+                        "notification listener reconnected; notifications sent meanwhile are lost"
+                    );
+                    self.missed();
+                }
+            }
         }
     }
 }
@@ -203,5 +252,34 @@ mod tests {
         for (id, n) in &held {
             assert!(Arc::ptr_eq(n, &w.subscribe(MACHINE, *id)));
         }
+    }
+
+    #[tokio::test]
+    async fn a_machines_wake_up_wakes_its_waiters_and_keeps_the_newest_version_it_carried() {
+        let hub = Hub::default();
+        let (id, other) = (Uuid::now_v7(), Uuid::now_v7());
+        assert_eq!(hub.assign_version(id), None, "none heard yet");
+        let held = hub.subscribe(MACHINE, id);
+        let woken = held.notified();
+        tokio::pin!(woken);
+        woken.as_mut().enable();
+        hub.wake(MACHINE, &format!("{id}:7"));
+        tokio::time::timeout(Duration::from_secs(5), woken).await.expect("the waiter was woken");
+        assert_eq!(hub.assign_version(id), Some(7));
+        // Wake-ups arrive in commit order, but an older one never lowers what is known.
+        hub.wake(MACHINE, &format!("{id}:5"));
+        assert_eq!(hub.assign_version(id), Some(7));
+        hub.wake(MACHINE, &format!("{id}:9"));
+        assert_eq!(hub.assign_version(id), Some(9));
+        assert_eq!(hub.assign_version(other), None);
+        // A wake-up without its version leaves it unknown: Postgres is asked again.
+        hub.wake(MACHINE, &id.to_string());
+        assert_eq!(hub.assign_version(id), None);
+        hub.wake(MACHINE, &format!("{id}:10"));
+        hub.wake(MACHINE, &format!("{other}:not-a-version"));
+        assert_eq!(hub.assign_version(other), None);
+        // Wake-ups missed while the listener reconnected leave nothing known.
+        hub.missed();
+        assert_eq!(hub.assign_version(id), None);
     }
 }

@@ -3,6 +3,8 @@
 
 mod common;
 
+use std::time::Duration;
+
 use astraeus::agent::client::Client;
 use astraeus::domain::Name;
 use astraeus::domain::quantity::CpuCores;
@@ -341,6 +343,45 @@ async fn an_agent_holding_the_latest_assignments_hears_not_modified_until_they_c
     assert!(changed.version > first.version);
     assert_eq!(changed.data_location.as_deref(), Some("/srv/astraeus"));
     assert_eq!(get(Some(&tag)).await.unwrap().status(), StatusCode::OK);
+}
+
+#[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
+async fn a_waiting_long_poll_is_answered_when_its_version_moves_not_when_its_wait_ends(pool: PgPool) {
+    let cluster = Cluster::start(&pool).await;
+    let api = &cluster.api;
+    let mut agent = Client::new(&api.base).unwrap();
+    agent.join(&join_request("gpu-02", api.join_token().await)).await.unwrap();
+    let first = agent.assignments(0, false, 0).await.unwrap().expect("the whole answer");
+
+    // Each poll waits up to 30 s; the change comes a moment after it starts.
+    let poll = |agent: Client, version: i64| {
+        tokio::spawn(async move {
+            let started = std::time::Instant::now();
+            let answer = agent.assignments(version, true, 30).await.unwrap();
+            (answer, started.elapsed())
+        })
+    };
+    let waiting = poll(agent.clone(), first.version);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    api.confirm_data_location("gpu-02", "/srv/astraeus").await;
+    let (answer, waited) = waiting.await.unwrap();
+    let moved = answer.expect("the answer after the data location was confirmed");
+    assert_eq!(moved.data_location.as_deref(), Some("/srv/astraeus"));
+    assert!(moved.version > first.version);
+    assert!(waited < Duration::from_secs(20), "answered only when its wait ended, after {waited:?}");
+
+    // The version heard with that wake-up is held: the next poll waits, and is answered when
+    // the version moves again (here, by a bump with nothing else changed).
+    let waiting = poll(agent.clone(), moved.version);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!waiting.is_finished(), "a poll holding the latest version waits");
+    let id: uuid::Uuid =
+        sqlx::query_scalar("SELECT id FROM machines WHERE name = 'gpu-02'").fetch_one(&pool).await.unwrap();
+    astraeus::store::machines::touch_assignments(&pool, &[id]).await.unwrap();
+    let (answer, waited) = waiting.await.unwrap();
+    let again = answer.expect("the answer after the bump");
+    assert!(again.version > moved.version);
+    assert!(waited < Duration::from_secs(20), "answered only when its wait ended, after {waited:?}");
 }
 
 #[sqlx::test(migrator = "astraeus::store::MIGRATOR")]

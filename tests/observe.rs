@@ -207,6 +207,42 @@ async fn one_statement_over_many_workers_records_each_worker_and_their_run_once(
 }
 
 #[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
+async fn one_statement_over_many_machines_records_each_charged_machine_and_no_heartbeat(pool: PgPool) {
+    let mut cluster = Cluster::start(&pool).await;
+    for name in ["gpu-01", "gpu-02", "gpu-03"] {
+        cluster.add_ready_machine(name).await;
+    }
+    // No control loop or agent may change the machines from here on.
+    cluster.stop().await;
+
+    let before = latest(&pool).await;
+    sqlx::query("UPDATE machines SET cpu_alloc = cpu_alloc + 1000 WHERE name IN ('gpu-01', 'gpu-03')")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let mut seen = changes_after(&pool, before).await;
+    seen.sort();
+    let modified = |name: &str| ("machines".to_owned(), name.to_owned(), "MODIFIED".to_owned());
+    assert_eq!(seen, [modified("gpu-01"), modified("gpu-03")]);
+
+    // A heartbeat's liveness and usage, or a charge given back unchanged, are no change to see.
+    let before = latest(&pool).await;
+    sqlx::query("UPDATE machines SET last_heartbeat_at = now(), data_free_bytes = data_free_bytes + 1")
+        .execute(&pool)
+        .await
+        .unwrap();
+    sqlx::query("UPDATE machines SET cpu_alloc = cpu_alloc WHERE name = 'gpu-02'")
+        .execute(&pool)
+        .await
+        .unwrap();
+    assert_eq!(changes_after(&pool, before).await, vec![]);
+
+    let before = latest(&pool).await;
+    sqlx::query("UPDATE machines SET state = 'NotReady' WHERE name = 'gpu-02'").execute(&pool).await.unwrap();
+    assert_eq!(changes_after(&pool, before).await, [modified("gpu-02")]);
+}
+
+#[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
 async fn a_heartbeat_batch_skips_a_machine_held_elsewhere_and_writes_it_with_the_next(pool: PgPool) {
     let mut cluster = Cluster::start(&pool).await;
     cluster.add_ready_machine("gpu-01").await;

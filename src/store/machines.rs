@@ -314,16 +314,14 @@ pub async fn mark_not_ready(
     Ok(done.rows_affected() == 1)
 }
 
-/// Bumps the machines' assignment versions and wakes their agents' long-polls, on commit.
+/// Bumps the machines' assignment versions, which wakes their agents' long-polls on commit (a
+/// trigger, `machines_woken`, as for every bump).
 pub async fn touch_assignments(db: impl PgExecutor<'_>, ids: &[Uuid]) -> sqlx::Result<()> {
-    sqlx::query(
-        "WITH t AS (UPDATE machines SET assign_version = assign_version + 1 WHERE id = ANY($1) RETURNING id)
-         SELECT pg_notify('astraeus_machine', id::text) FROM t",
-    )
-    .bind(ids)
-    .execute(db)
-    .await
-    .map(drop)
+    sqlx::query("UPDATE machines SET assign_version = assign_version + 1 WHERE id = ANY($1)")
+        .bind(ids)
+        .execute(db)
+        .await
+        .map(drop)
 }
 
 pub async fn assign_version(db: impl PgExecutor<'_>, id: Uuid) -> sqlx::Result<i64> {

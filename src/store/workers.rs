@@ -185,7 +185,7 @@ pub async fn bind_all(tx: &mut PgConnection, binds: &[Bind]) -> sqlx::Result<Vec
                  WHERE m.id = t.machine AND m.state = 'Ready' AND m.cpu_alloc + t.cpu <= m.cpu_millis
                    AND m.memory_alloc + t.mem <= m.memory_bytes AND m.gpus_alloc + t.gpu <= m.gpus
                  RETURNING m.id)
-         SELECT taken.id FROM taken CROSS JOIN LATERAL (SELECT pg_notify('astraeus_machine', taken.id::text)) AS woken",
+         SELECT id FROM taken",
     )
     .bind(column(&all, |b| b.machine))
     .bind(column(&all, |b| b.charge.cpu_millis))
@@ -494,9 +494,8 @@ pub async fn waiting_charges(
 }
 
 /// Releases the machine's waiting workers whose placed drives all have whole copies there, and
-/// returns how many. When any is released, the machine's assignment version is bumped and its
-/// agent woken on commit, as [`crate::store::machines::touch_assignments`] does, in the same
-/// statement (one round trip less). Called when a copy completes, and by the fill controller
+/// returns how many. When any is released, the machine's assignment version is bumped in the
+/// same statement (one round trip less), which wakes its agent on commit. Called when a copy completes, and by the fill controller
 /// as a safety net.
 pub async fn release_ready(db: impl PgExecutor<'_>, machine: Uuid) -> sqlx::Result<i64> {
     // `count(*)` reads every released worker before the machine row is touched: workers are
@@ -516,9 +515,8 @@ pub async fn release_ready(db: impl PgExecutor<'_>, machine: Uuid) -> sqlx::Resu
          n AS (SELECT count(*) AS n FROM released),
          woken AS (
              UPDATE machines m SET assign_version = m.assign_version + 1 FROM n
-             WHERE n.n > 0 AND m.id = $1
-             RETURNING m.id)
-         SELECT n.n FROM n, (SELECT count(pg_notify('astraeus_machine', id::text)) FROM woken) AS notified",
+             WHERE n.n > 0 AND m.id = $1)
+         SELECT n FROM n",
     )
     .bind(machine)
     .fetch_one(db)

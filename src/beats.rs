@@ -5,8 +5,9 @@
 //! and its liveness and usage are written for all machines at once every
 //! [`flush_every`](crate::beats::flush_every). Whatever the server changes on its side of the
 //! report (a copy evicted or dropped, the data location, the machine's state) is announced by a
-//! trigger on `astraeus_report` and forgets the machine on every replica; an entry lapses after
-//! [`TTL`](crate::beats::TTL) anyway, which bounds how long a lost notification matters. A crash
+//! trigger on `astraeus_report` and forgets the machine on every replica; every machine is
+//! forgotten when the notification listener reconnects, and an entry lapses after
+//! [`TTL`](crate::beats::TTL) anyway. A crash
 //! loses at most one batch of liveness, which the next heartbeat restores.
 
 use std::collections::{HashMap, HashSet};

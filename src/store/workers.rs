@@ -495,8 +495,8 @@ pub async fn waiting_charges(
 
 /// Releases the machine's waiting workers whose placed drives all have whole copies there, and
 /// returns how many. When any is released, the machine's assignment version is bumped in the
-/// same statement (one round trip less), which wakes its agent on commit. Called when a copy completes, and by the fill controller
-/// as a safety net.
+/// same statement (one round trip less), which wakes its agent on commit. Called when a copy
+/// completes, and by the fill controller as a safety net.
 pub async fn release_ready(db: impl PgExecutor<'_>, machine: Uuid) -> sqlx::Result<i64> {
     // `count(*)` reads every released worker before the machine row is touched: workers are
     // locked before machines everywhere. No copies are touched here: their statement-level
@@ -516,7 +516,7 @@ pub async fn release_ready(db: impl PgExecutor<'_>, machine: Uuid) -> sqlx::Resu
          woken AS (
              UPDATE machines m SET assign_version = m.assign_version + 1 FROM n
              WHERE n.n > 0 AND m.id = $1)
-         SELECT n FROM n",
+         SELECT n.n FROM n",
     )
     .bind(machine)
     .fetch_one(db)

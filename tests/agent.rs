@@ -375,9 +375,8 @@ async fn a_waiting_long_poll_is_answered_when_its_version_moves_not_when_its_wai
     let waiting = poll(agent.clone(), moved.version);
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(!waiting.is_finished(), "a poll holding the latest version waits");
-    let id: uuid::Uuid =
-        sqlx::query_scalar("SELECT id FROM machines WHERE name = 'gpu-02'").fetch_one(&pool).await.unwrap();
-    astraeus::store::machines::touch_assignments(&pool, &[id]).await.unwrap();
+    let machine = astraeus::store::machines::by_name(&pool, "gpu-02").await.unwrap().unwrap();
+    astraeus::store::machines::touch_assignments(&pool, &[machine.id]).await.unwrap();
     let (answer, waited) = waiting.await.unwrap();
     let again = answer.expect("the answer after the bump");
     assert!(again.version > moved.version);

@@ -234,12 +234,14 @@ async fn assignments(
     changed.as_mut().enable();
     let holds = |version: i64| version <= q.version && !wait.is_zero();
     // A version heard in a wake-up is the one Postgres holds, or an older one whose successor's
-    // wake-up is on its way: an agent holding it waits without asking Postgres. The reads are
-    // boxed: inline, they would size the future every machine holds while it waits (1,840
-    // bytes against 496, measured with `size_of_val`).
-    let (mut version, mut db) = match app.hub.assign_version(caller.id) {
-        Some(heard) if holds(heard) => (heard, None),
-        _ => Box::pin(read_version(&app.db, caller.id)).await?,
+    // wake-up is on its way: an agent behind it is answered, and an agent holding it waits,
+    // without asking Postgres (an agent that will not wait is told what Postgres holds). The
+    // reads are boxed: inline, they would size the future every machine holds while it waits
+    // (1,840 bytes against 496, measured with `size_of_val`).
+    let heard = app.hub.assign_version(caller.id).filter(|&v| v > q.version || !wait.is_zero());
+    let (mut version, mut db) = match heard {
+        Some(heard) => (heard, None),
+        None => Box::pin(read_version(&app.db, caller.id)).await?,
     };
     if holds(version) {
         drop(db);

@@ -385,6 +385,43 @@ async fn room_for_a_new_copy_comes_from_the_least_recently_used_evictable_copy_n
 }
 
 #[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
+async fn room_for_a_workers_new_copy_never_comes_from_a_copy_it_mounts_too(pool: PgPool) {
+    // The worker is Pending when room is made, so Postgres knows of no live worker mounting
+    // its drives: the copy it also mounts must be kept however long ago it was last used.
+    const COPY: i64 = 100_000;
+    let fill = "set -e; head -c 100000 /dev/urandom > /drive/blob; touch /drive/.astralyx-filled";
+    let mut cluster = Cluster::start(&pool).await;
+    cluster.add_machine("gpu-01").await;
+    // Room for two copies and half of a third: 250 kB.
+    cluster.confirm("gpu-01", Some(2 * COPY + COPY / 2)).await;
+    let api = cluster.api.clone();
+    for name in ["mine", "other", "new"] {
+        api.create_drive(&placed_drive(name, COPY as u64, true, fill, 0.5)).await;
+    }
+    // Used in this order, so mine is the least recently used.
+    for drive in ["mine", "other"] {
+        let run = format!("use-{drive}");
+        api.create_run(&run_mounting(&run, "cat /data/blob > /dev/null", &[drive], 0.1)).await;
+        api.wait_completed(&run).await;
+    }
+
+    // new needs 100 kB, 50 kB are free: other goes, although mine was used longer ago.
+    api.create_run(&run_mounting("both", "true", &["mine", "new"], 0.1)).await;
+    api.wait_completed("both").await;
+    let gpu01 = cluster.machine("gpu-01");
+    eventually("the evicted copy's folder is deleted", || async {
+        let dir = gpu01.copy_dir("default.other");
+        if dir.exists() { Err(format!("{} still exists", dir.display())) } else { Ok(()) }
+    })
+    .await;
+    for kept in ["mine", "new"] {
+        assert!(gpu01.copy_dir(&format!("default.{kept}")).join(".astralyx-filled").exists(), "{kept}");
+    }
+    assert_eq!(cluster.worker_names("fill-mine-gpu-01").await, ["fill-mine-gpu-01-0"]);
+    cluster.stop().await;
+}
+
+#[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
 async fn a_run_pinned_to_a_machine_weighs_its_copies_room_and_use_there(pool: PgPool) {
     // A pass whose runs all name their machines reads only those machines' copies: the named
     // machine's must still count, with which of them are in use.

@@ -49,7 +49,7 @@ fn data_fits(m: &MachineView, r: &Request) -> Result<(), String> {
     let Some(free) = m.data_free else {
         return Err(format!("Choose where to keep data on {}", m.name));
     };
-    let room = free + m.reclaimable();
+    let room = free + m.reclaimable;
     let mut need = 0;
     for d in missing {
         need += d.size_hint;
@@ -72,7 +72,7 @@ mod tests {
     use super::*;
     use crate::domain::Name;
     use crate::domain::task::{NodeSelection, SelectionMode};
-    use crate::scheduler::snapshot::{CopyState, CopyView, DriveNeed};
+    use crate::scheduler::snapshot::{CopyState, DriveNeed};
     use uuid::Uuid;
 
     fn machine() -> MachineView {
@@ -88,6 +88,7 @@ mod tests {
             memory_free: 4_000_000_000,
             gpus_free: 1,
             data_free: Some(2_100_000_000),
+            reclaimable: 0,
             copies: HashMap::new(),
         }
     }
@@ -113,17 +114,6 @@ mod tests {
             gpus: 0,
             selection: NodeSelection::default(),
             drives: vec![],
-        }
-    }
-
-    fn old_copy(bytes: i64, in_use: bool) -> CopyView {
-        CopyView {
-            state: CopyState::Complete,
-            bytes,
-            size_hint: bytes,
-            evictable: true,
-            in_use,
-            last_used_at: None,
         }
     }
 
@@ -162,26 +152,26 @@ mod tests {
             // A copy already here needs no room.
             (
                 |m, r| {
-                    m.copies.insert(Uuid::from_u128(101), old_copy(5_000_000_000, false));
+                    m.copies.insert(Uuid::from_u128(101), CopyState::Complete);
                     r.drives = vec![food101()];
                 },
                 "",
             ),
-            // 2.1 GB free + an unused evictable 4.0 GB copy = 6.1 GB of room for 6.0 GB.
+            // 2.1 GB free + 4.0 GB that evicting unused copies would free = 6.1 GB for 6.0 GB.
             (
                 |m, r| {
-                    m.copies.insert(Uuid::from_u128(7), old_copy(4_000_000_000, false));
+                    m.reclaimable = 4_000_000_000;
                     r.drives = vec![food101()];
                 },
                 "",
             ),
-            // The same copy in use cannot be evicted: 2.1 GB of room.
+            // 2.1 GB free + 3.8 GB to evict = 5.9 GB, short of 6.0 GB.
             (
                 |m, r| {
-                    m.copies.insert(Uuid::from_u128(7), old_copy(4_000_000_000, true));
+                    m.reclaimable = 3_800_000_000;
                     r.drives = vec![food101()];
                 },
-                "drive food101 needs 6.0 GB at this machine's data location, 2.1 GB free",
+                "drive food101 needs 6.0 GB at this machine's data location, 5.9 GB free",
             ),
             (
                 |_, r| {
@@ -219,9 +209,7 @@ mod tests {
         );
         // With cifar's copy already being filled here, only imagenet needs room.
         let mut filling = m.clone();
-        filling
-            .copies
-            .insert(Uuid::from_u128(1), CopyView { state: CopyState::Filling, ..old_copy(0, false) });
+        filling.copies.insert(Uuid::from_u128(1), CopyState::Filling);
         assert_eq!(fits(&filling, &r), Ok(()));
         // Drives that are not placed need no data location at all.
         let mut none = m.clone();

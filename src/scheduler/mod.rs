@@ -27,8 +27,8 @@ use score::Score;
 use snapshot::{CopyState, CopyView, DriveNeed, MachineView, Request};
 
 /// Workers claimed per transaction. Unless its runs all name their machines, each pass reads
-/// every machine and every copy first (85–165 ms at 10,000 machines with 100,000 copies), so
-/// larger batches spread that over more placements.
+/// every machine and its copies' totals first, so larger batches spread that over more
+/// placements.
 const BATCH: i64 = 4096;
 /// The safety net when no notification arrives.
 const RESYNC: Duration = Duration::from_secs(5);
@@ -95,7 +95,9 @@ async fn pass(
     }
     let requests: HashMap<Uuid, Request> = runs.values().map(|r| (r.id, request(r))).collect();
     let scope = scope(requests.values());
-    let mut machines = load_machines(&mut tx, scope.as_deref()).await?;
+    let drives: BTreeSet<Uuid> = requests.values().flat_map(|r| r.placed().map(|d| d.id)).collect();
+    let drives: Vec<Uuid> = drives.into_iter().collect();
+    let mut machines = load_machines(&mut tx, scope.as_deref(), &drives).await?;
     // The machines not read, should a worker fit none of those that were.
     let mut others: Option<Vec<MachineView>> = None;
     // Copies made whole during the pass are not: the index stays true for the whole pass.
@@ -118,6 +120,8 @@ async fn pass(
     let mut binds: Vec<Bind> = Vec::new();
     // Each copy once, however many of the pass's workers mount it there.
     let mut used: BTreeSet<(Uuid, Uuid)> = BTreeSet::new();
+    // The copies the pass's workers mount, whole or not: none of them is evicted for another.
+    let mut held: BTreeSet<(Uuid, Uuid)> = BTreeSet::new();
     let mut decided: HashMap<Uuid, (&PendingRow, String, BTreeMap<String, String>)> = HashMap::new();
     for w in &pending {
         // A run deleted since its workers were claimed has none left to place.
@@ -181,7 +185,8 @@ async fn pass(
         // Copies before the machine rows: every transaction locks copies, then workers, then
         // machines, so none waits on another in a circle. Should the bind lose a race with
         // another replica, the fill controller drops the copies nobody waits for.
-        make_room(&mut tx, m, &lacking).await?;
+        held.extend(request.placed().map(|d| (m.id, d.id)));
+        make_room(&mut tx, m, &lacking, &held).await?;
         if released {
             used.extend(request.placed().map(|d| (m.id, d.id)));
         }
@@ -251,48 +256,70 @@ async fn event(
     store::events::record(&mut *tx, &e).await
 }
 
-/// Creates the copies a bound worker lacks, evicting unused copies first when room is short.
-/// Their fills are started by the fill controller.
+/// Creates the copies a bound worker lacks, evicting unused copies first when room is short;
+/// `held` are the (machine, drive) pairs the pass's workers mount. Their fills are started by
+/// the fill controller.
 async fn make_room(
     tx: &mut sqlx::PgConnection,
     m: &mut MachineView,
     lacking: &[&DriveNeed],
+    held: &BTreeSet<(Uuid, Uuid)>,
 ) -> anyhow::Result<()> {
     let missing: Vec<&&DriveNeed> = lacking.iter().filter(|d| m.copy_state(d.id).is_none()).collect();
     for d in missing {
         let free = m.data_free.unwrap_or(0);
         if free < d.size_hint {
-            let gone = evict::plan(&m.copies, d.size_hint - free);
-            if !gone.is_empty() {
-                tracing::info!(machine = %m.name, copies = gone.len(), drive = %d.full, "evicting copies to make room");
-                store::copies::evict(&mut *tx, m.id, &gone).await?;
-                metrics::counter!("astraeus_copies_evicted_total").increment(gone.len() as u64);
-                let why = format!("copy on {} evicted to make room for drive {}", m.name, d.full);
-                for id in &gone {
-                    store::events::record_for_drive(&mut *tx, *id, false, "Evicted", &why, "scheduler")
-                        .await?;
-                }
-                for id in gone {
-                    if let Some(c) = m.copies.get_mut(&id) {
-                        c.state = CopyState::Evicting;
-                        m.data_free = Some(m.data_free.unwrap_or(0) + c.bytes);
-                    }
-                }
-            }
+            evict_for(tx, m, d, d.size_hint - free, held).await?;
         }
         store::copies::ensure(&mut *tx, d.id, m.id, d.size_hint, d.evictable).await?;
         m.data_free = Some(m.data_free.unwrap_or(0) - d.size_hint);
-        m.copies.insert(
-            d.id,
-            CopyView {
-                state: CopyState::Filling,
-                bytes: 0,
-                size_hint: d.size_hint,
-                evictable: d.evictable,
-                in_use: true,
-                last_used_at: None,
-            },
-        );
+        m.copies.insert(d.id, CopyState::Filling);
+    }
+    Ok(())
+}
+
+/// Evicts copies on `m` to free `need` bytes for `d`. The machine's copies are read only now:
+/// most passes evict nothing, and every copy of every machine is 100,000 rows at 10,000
+/// machines.
+async fn evict_for(
+    tx: &mut sqlx::PgConnection,
+    m: &mut MachineView,
+    d: &DriveNeed,
+    need: i64,
+    held: &BTreeSet<(Uuid, Uuid)>,
+) -> anyhow::Result<()> {
+    let copies: HashMap<Uuid, CopyView> = store::copies::on_machine_for_eviction(&mut *tx, m.id)
+        .await?
+        .into_iter()
+        .map(|c| {
+            let view = CopyView {
+                state: CopyState::parse(&c.state),
+                bytes: c.bytes,
+                size_hint: c.size_hint,
+                evictable: c.evictable,
+                // Postgres does not know yet of the pass's own binds.
+                in_use: c.in_use || held.contains(&(m.id, c.drive_id)),
+                last_used_at: c.last_used_at,
+            };
+            (c.drive_id, view)
+        })
+        .collect();
+    let gone = evict::plan(&copies, need);
+    if gone.is_empty() {
+        return Ok(());
+    }
+    tracing::info!(machine = %m.name, copies = gone.len(), drive = %d.full, "evicting copies to make room");
+    store::copies::evict(&mut *tx, m.id, &gone).await?;
+    metrics::counter!("astraeus_copies_evicted_total").increment(gone.len() as u64);
+    let why = format!("copy on {} evicted to make room for drive {}", m.name, d.full);
+    for id in &gone {
+        store::events::record_for_drive(&mut *tx, *id, false, "Evicted", &why, "scheduler").await?;
+    }
+    for id in gone {
+        let bytes = copies[&id].bytes;
+        m.copies.insert(id, CopyState::Evicting);
+        m.data_free = Some(m.data_free.unwrap_or(0) + bytes);
+        m.reclaimable -= bytes;
     }
     Ok(())
 }
@@ -330,28 +357,26 @@ fn scope<'a>(requests: impl IntoIterator<Item = &'a Request>) -> Option<Vec<&'a 
     Some(names.into_iter().collect())
 }
 
-/// Machines with their free resources, data-location room and copies, in the scheduler's order:
-/// every one, or only those `scope` names. Every other machine would be turned down by name
-/// before its copies were looked at, and at 10,000 machines every copy is 100,000 rows a pass.
+/// Machines with their free resources, data-location room and copies of `drives`, in the
+/// scheduler's order: every one, or only those `scope` names. Every other machine would be
+/// turned down by name before its copies were looked at.
 async fn load_machines(
     tx: &mut sqlx::PgConnection,
     scope: Option<&[&str]>,
+    drives: &[Uuid],
 ) -> anyhow::Result<Vec<MachineView>> {
     let read = store::machines::for_placement(&mut *tx, scope).await?;
     let only: Option<Vec<Uuid>> = scope.map(|_| read.iter().map(|m| m.id).collect());
-    let mut copies: HashMap<Uuid, HashMap<Uuid, CopyView>> = HashMap::new();
-    for c in store::copies::for_placement(&mut *tx, only.as_deref()).await? {
-        let view = CopyView {
-            state: CopyState::parse(&c.state),
-            bytes: c.bytes,
-            size_hint: c.size_hint,
-            evictable: c.evictable,
-            in_use: c.in_use,
-            last_used_at: c.last_used_at,
-        };
-        copies.entry(c.machine_id).or_default().insert(c.drive_id, view);
+    let totals = store::copies::totals_for_placement(&mut *tx, only.as_deref()).await?;
+    let mut copies: HashMap<Uuid, HashMap<Uuid, CopyState>> = HashMap::new();
+    if !drives.is_empty() {
+        for (drive, machine, state) in
+            store::copies::states_for_placement(&mut *tx, drives, only.as_deref()).await?
+        {
+            copies.entry(machine).or_default().insert(drive, CopyState::parse(&state));
+        }
     }
-    let mut machines = views(read, copies);
+    let mut machines = views(read, totals, copies);
     machines.sort_unstable_by(snapshot::placement_order);
     Ok(machines)
 }
@@ -370,7 +395,8 @@ async fn why_none(
         let known: BTreeSet<Uuid> = read.iter().map(|m| m.id).collect();
         let mut rest = store::machines::for_placement(&mut *tx, None).await?;
         rest.retain(|m| !known.contains(&m.id));
-        let mut rest = views(rest, HashMap::new());
+        // Each is turned down by name before its copies or room are weighed.
+        let mut rest = views(rest, Vec::new(), HashMap::new());
         rest.sort_unstable_by(snapshot::placement_order);
         *others = Some(rest);
     }
@@ -379,14 +405,19 @@ async fn why_none(
 
 fn views(
     machines: Vec<store::machines::PlacementMachine>,
-    mut copies: HashMap<Uuid, HashMap<Uuid, CopyView>>,
+    totals: Vec<store::copies::PlacementTotals>,
+    mut copies: HashMap<Uuid, HashMap<Uuid, CopyState>>,
 ) -> Vec<MachineView> {
+    let mut totals: HashMap<Uuid, store::copies::PlacementTotals> =
+        totals.into_iter().map(|t| (t.machine_id, t)).collect();
     machines
         .into_iter()
         .map(|m| {
-            let copies = copies.remove(&m.id).unwrap_or_default();
-            let data_free =
-                m.confirmed.then(|| snapshot::data_free(m.data_free_bytes, m.data_limit_bytes, &copies));
+            let (bytes, promised, reclaimable) =
+                totals.remove(&m.id).map_or((0, 0, 0), |t| (t.bytes, t.promised, t.reclaimable));
+            let data_free = m
+                .confirmed
+                .then(|| snapshot::data_free(m.data_free_bytes, m.data_limit_bytes, bytes, promised));
             MachineView {
                 id: m.id,
                 name: m.name,
@@ -399,7 +430,8 @@ fn views(
                 memory_free: m.memory_bytes - m.memory_alloc,
                 gpus_free: i64::from(m.gpus - m.gpus_alloc),
                 data_free,
-                copies,
+                reclaimable,
+                copies: copies.remove(&m.id).unwrap_or_default(),
             }
         })
         .collect()

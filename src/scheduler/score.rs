@@ -37,7 +37,7 @@ pub fn score(m: &MachineView, r: &Request) -> Score {
     Score {
         complete: count(CopyState::Complete),
         filling: count(CopyState::Filling),
-        data_free: if has_placed { (m.data_free.unwrap_or(0) + m.reclaimable()) / GB } else { 0 },
+        data_free: if has_placed { (m.data_free.unwrap_or(0) + m.reclaimable) / GB } else { 0 },
         resources: least_allocated(m, r),
     }
 }
@@ -63,7 +63,7 @@ mod tests {
 
     use super::*;
     use crate::domain::task::NodeSelection;
-    use crate::scheduler::snapshot::{CopyView, DriveNeed};
+    use crate::scheduler::snapshot::DriveNeed;
     use uuid::Uuid;
 
     fn machine(cpu_free: i64, memory_free: i64) -> MachineView {
@@ -79,6 +79,7 @@ mod tests {
             memory_free,
             gpus_free: 0,
             data_free: Some(1_000),
+            reclaimable: 0,
             copies: HashMap::new(),
         }
     }
@@ -108,9 +109,7 @@ mod tests {
     }
 
     fn with_copy(mut m: MachineView, state: CopyState) -> MachineView {
-        let c =
-            CopyView { state, bytes: 10, size_hint: 10, evictable: false, in_use: false, last_used_at: None };
-        m.copies.insert(Uuid::from_u128(1), c);
+        m.copies.insert(Uuid::from_u128(1), state);
         m
     }
 

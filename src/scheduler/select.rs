@@ -137,8 +137,8 @@ fn rank(machines: &[MachineView], r: &Request, indices: impl Iterator<Item = usi
 pub fn warm_index(machines: &[MachineView]) -> HashMap<Uuid, Vec<usize>> {
     let mut index: HashMap<Uuid, Vec<usize>> = HashMap::new();
     for (i, m) in machines.iter().enumerate() {
-        for (drive, c) in &m.copies {
-            if c.state == CopyState::Complete {
+        for (drive, state) in &m.copies {
+            if *state == CopyState::Complete {
                 index.entry(*drive).or_default().push(i);
             }
         }
@@ -169,7 +169,7 @@ mod tests {
     use super::*;
     use crate::domain::Name;
     use crate::domain::task::{NodeSelection, SelectionMode};
-    use crate::scheduler::snapshot::{CopyView, DriveNeed};
+    use crate::scheduler::snapshot::{CopyView, DriveNeed, is_evictable};
 
     fn machine(name: &str, cpu_free: i64, ready: bool) -> MachineView {
         MachineView {
@@ -179,6 +179,7 @@ mod tests {
             ready,
             transports: vec![],
             data_free: None,
+            reclaimable: 0,
             copies: Default::default(),
             cpu_total: 4000,
             memory_total: 8_000,
@@ -253,15 +254,7 @@ mod tests {
 
         // The first run's worker goes to m1, which gets a copy of drive 2 to fill.
         assert_eq!(select(&ms, &first, &warm_for(&ms, &index, &first)).map(|c| c.index), Ok(1));
-        let filling = CopyView {
-            state: CopyState::Filling,
-            bytes: 0,
-            size_hint: 0,
-            evictable: true,
-            in_use: true,
-            last_used_at: None,
-        };
-        ms[1].copies.insert(Uuid::from_u128(2), filling);
+        ms[1].copies.insert(Uuid::from_u128(2), CopyState::Filling);
 
         // For the second run m1 now has one copy whole and one filling: the runner-up, ahead of m0.
         let choice = select(&ms, &second, &warm).unwrap();
@@ -287,7 +280,10 @@ mod tests {
                 in_use,
                 last_used_at: None,
             };
-            m.copies.insert(Uuid::from_u128(d.into()), c);
+            if is_evictable(&c) {
+                m.reclaimable += bytes;
+            }
+            m.copies.insert(Uuid::from_u128(d.into()), c.state);
         }
         m
     }
@@ -379,15 +375,7 @@ mod tests {
                 let lacking: Vec<DriveNeed> = r.placed().filter(|d| !m.copies.contains_key(&d.id)).cloned().collect();
                 for d in lacking {
                     m.data_free = Some(m.data_free.unwrap_or(0) - d.size_hint);
-                    let c = CopyView {
-                        state: CopyState::Filling,
-                        bytes: 0,
-                        size_hint: d.size_hint,
-                        evictable: d.evictable,
-                        in_use: true,
-                        last_used_at: None,
-                    };
-                    m.copies.insert(d.id, c);
+                    m.copies.insert(d.id, CopyState::Filling);
                 }
             }
         }

@@ -23,8 +23,11 @@ pub struct MachineView {
     pub gpus_free: i64,
     /// Room for new copies in the confirmed data location; `None` when none is confirmed.
     pub data_free: Option<i64>,
-    /// The copies it holds, by drive.
-    pub copies: HashMap<Uuid, CopyView>,
+    /// What evicting its unused, evictable, whole copies would free.
+    pub reclaimable: i64,
+    /// The states of its copies of the drives the pass's workers mount, by drive: a pass
+    /// weighs no other copy one by one.
+    pub copies: HashMap<Uuid, CopyState>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -46,6 +49,7 @@ impl CopyState {
     }
 }
 
+/// A copy as eviction weighs it.
 #[derive(Debug, Clone)]
 pub struct CopyView {
     pub state: CopyState,
@@ -121,13 +125,8 @@ impl MachineView {
         self.gpus_free -= gpus;
     }
 
-    /// Bytes that evicting unused, evictable, whole copies would free.
-    pub fn reclaimable(&self) -> i64 {
-        self.copies.values().filter(|c| is_evictable(c)).map(|c| c.bytes).sum()
-    }
-
     pub fn copy_state(&self, drive: Uuid) -> Option<CopyState> {
-        self.copies.get(&drive).map(|c| c.state)
+        self.copies.get(&drive).copied()
     }
 }
 
@@ -140,15 +139,9 @@ pub fn is_evictable(c: &CopyView) -> bool {
     c.evictable && c.state == CopyState::Complete && !c.in_use
 }
 
-/// Room for new copies: what the disk has free, within the location's limit, less what copies
-/// being filled were promised and have not written yet.
-pub fn data_free(disk_free: i64, limit: Option<i64>, copies: &HashMap<Uuid, CopyView>) -> i64 {
-    let used: i64 = copies.values().map(|c| c.bytes).sum();
-    let promised: i64 = copies
-        .values()
-        .filter(|c| c.state == CopyState::Filling)
-        .map(|c| (c.size_hint - c.bytes).max(0))
-        .sum();
+/// Room for new copies: what the disk has free, within the location's limit less what the
+/// copies hold (`used`), less what copies being filled were promised and have not written yet.
+pub fn data_free(disk_free: i64, limit: Option<i64>, used: i64, promised: i64) -> i64 {
     let within_limit = limit.map_or(disk_free, |l| disk_free.min(l - used));
     within_limit - promised
 }
@@ -157,47 +150,29 @@ pub fn data_free(disk_free: i64, limit: Option<i64>, copies: &HashMap<Uuid, Copy
 mod tests {
     use super::*;
 
-    fn copy(state: CopyState, bytes: i64, size_hint: i64) -> CopyView {
-        CopyView { state, bytes, size_hint, evictable: true, in_use: false, last_used_at: None }
+    fn copy(state: CopyState, evictable: bool, in_use: bool) -> CopyView {
+        CopyView { state, bytes: 1_000, size_hint: 1_000, evictable, in_use, last_used_at: None }
     }
 
     #[test]
     fn room_counts_the_limit_and_what_fills_were_promised() {
-        let mut copies = HashMap::new();
-        copies.insert(Uuid::from_u128(1), copy(CopyState::Complete, 3_000, 3_000));
-        copies.insert(Uuid::from_u128(2), copy(CopyState::Filling, 1_000, 6_000));
-        // No limit: 100_000 free on disk, less 6_000 - 1_000 promised = 95_000.
-        assert_eq!(data_free(100_000, None, &copies), 95_000);
+        // A whole copy of 3_000 and one being filled, 1_000 of 6_000 written: 4_000 used,
+        // 5_000 promised.
+        // No limit: 100_000 free on disk, less 5_000 promised = 95_000.
+        assert_eq!(data_free(100_000, None, 4_000, 5_000), 95_000);
         // Limit 10_000: 10_000 - 4_000 used = 6_000, less 5_000 promised = 1_000.
-        assert_eq!(data_free(100_000, Some(10_000), &copies), 1_000);
+        assert_eq!(data_free(100_000, Some(10_000), 4_000, 5_000), 1_000);
         // The disk is the tighter bound: 2_000 free, less 5_000 promised = -3_000.
-        assert_eq!(data_free(2_000, Some(10_000), &copies), -3_000);
+        assert_eq!(data_free(2_000, Some(10_000), 4_000, 5_000), -3_000);
     }
 
     #[test]
-    fn only_whole_unused_evictable_copies_are_reclaimable() {
-        let mut copies = HashMap::new();
-        copies.insert(Uuid::from_u128(1), copy(CopyState::Complete, 3_000, 3_000));
-        copies.insert(Uuid::from_u128(2), CopyView { in_use: true, ..copy(CopyState::Complete, 500, 500) });
-        copies
-            .insert(Uuid::from_u128(3), CopyView { evictable: false, ..copy(CopyState::Complete, 700, 700) });
-        copies.insert(Uuid::from_u128(4), copy(CopyState::Filling, 900, 6_000));
-        copies.insert(Uuid::from_u128(5), copy(CopyState::Evicting, 1_100, 1_100));
-        let m = MachineView {
-            id: Uuid::nil(),
-            name: "gpu-01".into(),
-            cluster: "main".into(),
-            ready: true,
-            transports: vec![],
-            cpu_total: 2000,
-            memory_total: 1,
-            cpu_free: 2000,
-            memory_free: 1,
-            gpus_free: 0,
-            data_free: Some(0),
-            copies,
-        };
-        // Only copy 1: 2 is in use, 3 is not evictable, 4 is being filled, 5 is already going.
-        assert_eq!(m.reclaimable(), 3_000);
+    fn only_whole_unused_evictable_copies_are_evictable() {
+        assert!(is_evictable(&copy(CopyState::Complete, true, false)));
+        assert!(!is_evictable(&copy(CopyState::Complete, true, true)), "in use");
+        assert!(!is_evictable(&copy(CopyState::Complete, false, false)), "not evictable");
+        for state in [CopyState::Filling, CopyState::Failed, CopyState::Evicting] {
+            assert!(!is_evictable(&copy(state, true, false)), "{state:?}");
+        }
     }
 }

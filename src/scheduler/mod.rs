@@ -23,7 +23,6 @@ use crate::store::{
     self,
     workers::{Bind, Charge, ClaimCursor, PendingRow, PendingRun},
 };
-use score::Score;
 use snapshot::{CopyState, CopyView, DriveNeed, MachineView, Request};
 
 /// Workers claimed per transaction. Unless its runs all name their machines, each pass reads
@@ -103,7 +102,7 @@ async fn pass(
     // Copies made whole during the pass are not: the index stays true for the whole pass.
     let index = select::warm_index(&machines);
     // A run's workers ask for the same: their warm machines are ranked once.
-    let warm: HashMap<Uuid, Vec<(Score, usize)>> =
+    let mut warm: HashMap<Uuid, select::Warm> =
         requests.iter().map(|(id, r)| (*id, select::warm_for(&machines, &index, r))).collect();
     // A fill is pinned to its machine, where the workers waiting for it lend it their share.
     let fills: HashMap<Uuid, (Uuid, Uuid)> = runs
@@ -136,12 +135,12 @@ async fn pass(
             r.gpus = (r.gpus - lent.gpus).max(0);
         }
         // A fill's worker asks for less than its run: its machines are ranked for what it asks.
-        let lent_warm;
+        let mut lent_warm;
         let warm = match &request {
-            Cow::Borrowed(_) => &warm[&w.run_id],
+            Cow::Borrowed(_) => warm.entry(w.run_id).or_default(),
             Cow::Owned(r) => {
                 lent_warm = select::warm_for(&machines, &index, r);
-                &lent_warm
+                &mut lent_warm
             }
         };
         let choice = match select::select(&machines, &request, warm) {

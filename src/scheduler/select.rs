@@ -1,7 +1,7 @@
 //! Choosing a machine: filter every machine, keep each rejection's reason, score the rest.
 
 use std::cmp::Reverse;
-use std::collections::HashMap;
+use std::collections::{BinaryHeap, HashMap};
 
 use uuid::Uuid;
 
@@ -18,12 +18,12 @@ pub struct Choice {
 }
 
 /// The best machine for `r`, or a reason that sums up every rejection (`0/3 machines are
-/// available: 2 Insufficient cpu (…), 1 NotReady`). `warm` lists the machines that held a whole
-/// copy of a drive `r` mounts when the pass began, best bound first (see [`warm_for`]). Scores
-/// rank whole copies first, so when two of those machines fit with a whole copy, they outscore
-/// every other machine and the others are not looked at; the choice is the one a scan of every
-/// machine makes.
-pub fn select(machines: &[MachineView], r: &Request, warm: &[(Score, usize)]) -> Result<Choice, String> {
+/// available: 2 Insufficient cpu (…), 1 NotReady`). `warm` holds the machines that held a whole
+/// copy of a drive `r` mounts when the pass began (see [`warm_for`]). Scores rank whole copies
+/// first, so when two of those machines fit with a whole copy, they outscore every other
+/// machine and the others are not looked at; the choice is the one a scan of every machine
+/// makes.
+pub fn select(machines: &[MachineView], r: &Request, warm: &mut Warm) -> Result<Choice, String> {
     if let (Some((score, index)), Some((s, i))) = best_two_warm(machines, r, warm) {
         return Ok(Choice { index, score, runner_up: Some((i, s)) });
     }
@@ -78,18 +78,36 @@ fn tally(reasons: &mut Vec<(String, usize)>, why: String) {
 /// A machine's score and index, when one fits.
 type Pick = Option<(Score, usize)>;
 
-/// The best and second-best fitting machines with a whole copy among `warm`, as a scan in
-/// index order would find them (higher score first, then lower index). The machines come best
-/// bound first, so the scan stops at the first whose bound cannot beat the runner-up.
-fn best_two_warm(machines: &[MachineView], r: &Request, warm: &[(Score, usize)]) -> (Pick, Pick) {
+/// The machines holding a whole copy of a drive a run places, for the run's workers in turn: a
+/// max-heap on each machine's [`bound`] (then lower index). Bounds only fall during a pass, so
+/// a key may be stale but never too low; a machine whose bound fell since is put back at its
+/// new one when it comes up. A worker so looks at a few machines, not at every machine the
+/// workers before it took, which grew with the square of the run's workers in a pass.
+#[derive(Debug, Default)]
+pub struct Warm {
+    heap: BinaryHeap<(Score, Reverse<usize>)>,
+}
+
+/// The best and second-best fitting machines with a whole copy in `warm`, as a scan in index
+/// order would find them (higher score first, then lower index). The scan stops at the first
+/// machine whose bound cannot beat the runner-up.
+fn best_two_warm(machines: &[MachineView], r: &Request, warm: &mut Warm) -> (Pick, Pick) {
     let key = |(s, i): (Score, usize)| (s, Reverse(i));
     let mut best: Pick = None;
     let mut second: Pick = None;
-    for &(bound, i) in warm {
-        if second.is_some_and(|b| key((bound, i)) < key(b)) {
+    let mut looked = Vec::new();
+    while let Some(&(stale, Reverse(i))) = warm.heap.peek() {
+        if second.is_some_and(|b| (stale, Reverse(i)) < key(b)) {
             break;
         }
+        warm.heap.pop();
         let m = &machines[i];
+        let bound = bound(m, r);
+        if bound < stale {
+            warm.heap.push((bound, Reverse(i)));
+            continue;
+        }
+        looked.push((bound, Reverse(i)));
         if fits(m, r).is_err() {
             continue;
         }
@@ -104,6 +122,7 @@ fn best_two_warm(machines: &[MachineView], r: &Request, warm: &[(Score, usize)])
             second = Some((s, i));
         }
     }
+    warm.heap.extend(looked);
     (best, second)
 }
 
@@ -146,20 +165,13 @@ pub fn warm_index(machines: &[MachineView]) -> HashMap<Uuid, Vec<usize>> {
     index
 }
 
-/// The machines of `index` holding a whole copy of any drive `r` places, each with its
-/// [`bound`] for `r`, best bound first (then lower index). Bounds stay true for the whole pass,
-/// so the list is made once per pass for all the workers that ask for the same.
-pub fn warm_for(
-    machines: &[MachineView],
-    index: &HashMap<Uuid, Vec<usize>>,
-    r: &Request,
-) -> Vec<(Score, usize)> {
+/// The machines of `index` holding a whole copy of any drive `r` places, each keyed by its
+/// [`bound`] for `r`: made once per pass for all the workers that ask for the same.
+pub fn warm_for(machines: &[MachineView], index: &HashMap<Uuid, Vec<usize>>, r: &Request) -> Warm {
     let mut warm: Vec<usize> = r.placed().filter_map(|d| index.get(&d.id)).flatten().copied().collect();
     warm.sort_unstable();
     warm.dedup();
-    let mut ranked: Vec<(Score, usize)> = warm.into_iter().map(|i| (bound(&machines[i], r), i)).collect();
-    ranked.sort_unstable_by_key(|&(s, i)| (Reverse(s), i));
-    ranked
+    Warm { heap: warm.into_iter().map(|i| (bound(&machines[i], r), Reverse(i))).collect() }
 }
 
 #[cfg(test)]
@@ -203,7 +215,7 @@ mod tests {
     #[test]
     fn the_best_fitting_machine_wins() {
         let ms = [machine("a", 1000, true), machine("b", 4000, true), machine("c", 4000, false)];
-        let choice = select(&ms, &request(1000), &[]).unwrap();
+        let choice = select(&ms, &request(1000), &mut Warm::default()).unwrap();
         assert_eq!(choice.index, 1);
         assert_eq!(choice.runner_up.map(|(i, _)| i), Some(0));
     }
@@ -212,11 +224,14 @@ mod tests {
     fn rejections_are_summed_up_by_reason() {
         let ms = [machine("a", 1000, true), machine("b", 1000, true), machine("c", 4000, false)];
         assert_eq!(
-            select(&ms, &request(2000), &[]),
+            select(&ms, &request(2000), &mut Warm::default()),
             Err("0/3 machines are available: 2 Insufficient cpu (1 of 2 cores free), 1 NotReady".into())
         );
-        assert_eq!(select(&[], &request(1), &[]), Err("no machines have joined the cluster yet".into()));
-        assert_eq!(select(&ms[2..], &request(1), &[]), Err("NotReady".into()));
+        assert_eq!(
+            select(&[], &request(1), &mut Warm::default()),
+            Err("no machines have joined the cluster yet".into())
+        );
+        assert_eq!(select(&ms[2..], &request(1), &mut Warm::default()), Err("NotReady".into()));
     }
 
     fn drive(n: u8, size_hint: i64) -> DriveNeed {
@@ -250,16 +265,16 @@ mod tests {
         let run = |drives: [u8; 2]| Request { drives: drives.map(|n| drive(n, 0)).to_vec(), ..request(0) };
         let (first, second) = (run([0, 2]), run([1, 2]));
         let index = warm_index(&ms);
-        let warm = warm_for(&ms, &index, &second);
+        let mut warm = warm_for(&ms, &index, &second);
 
         // The first run's worker goes to m1, which gets a copy of drive 2 to fill.
-        assert_eq!(select(&ms, &first, &warm_for(&ms, &index, &first)).map(|c| c.index), Ok(1));
+        assert_eq!(select(&ms, &first, &mut warm_for(&ms, &index, &first)).map(|c| c.index), Ok(1));
         ms[1].copies.insert(Uuid::from_u128(2), CopyState::Filling);
 
         // For the second run m1 now has one copy whole and one filling: the runner-up, ahead of m0.
-        let choice = select(&ms, &second, &warm).unwrap();
+        let choice = select(&ms, &second, &mut warm).unwrap();
         assert_eq!((choice.index, choice.runner_up.map(|(i, _)| i)), (2, Some(1)));
-        assert_eq!(select(&ms, &second, &warm), select(&ms, &second, &[]));
+        assert_eq!(select(&ms, &second, &mut warm), select(&ms, &second, &mut Warm::default()));
     }
 
     const STATES: [CopyState; 4] =
@@ -308,8 +323,8 @@ mod tests {
             let ms: Vec<MachineView> = drawn.into_iter().enumerate().map(|(i, d)| drawn_machine(i, d)).collect();
             let mut r = request(cpu);
             r.drives = mounts.into_iter().map(|(n, hint)| drive(n, hint)).collect();
-            let warm = warm_for(&ms, &warm_index(&ms), &r);
-            prop_assert_eq!(select(&ms, &r, &warm), select(&ms, &r, &[]));
+            let mut warm = warm_for(&ms, &warm_index(&ms), &r);
+            prop_assert_eq!(select(&ms, &r, &mut warm), select(&ms, &r, &mut Warm::default()));
         }
 
         /// A pass that read only the machines its run names (and some more, as it reads the
@@ -340,7 +355,7 @@ mod tests {
             for machines in [&mut ms, &mut read, &mut others] {
                 machines.sort_unstable_by(placement_order);
             }
-            prop_assert_eq!(why_none(&read, &others, &r), select(&ms, &r, &[]).err());
+            prop_assert_eq!(why_none(&read, &others, &r), select(&ms, &r, &mut Warm::default()).err());
         }
 
         /// The warm lists made when the pass begins still choose what a full scan does for
@@ -364,11 +379,11 @@ mod tests {
                 })
                 .collect();
             let index = warm_index(&ms);
-            let warm: Vec<Vec<(Score, usize)>> = runs.iter().map(|r| warm_for(&ms, &index, r)).collect();
+            let mut warm: Vec<Warm> = runs.iter().map(|r| warm_for(&ms, &index, r)).collect();
             for run in workers {
                 let r = &runs[run];
-                let choice = select(&ms, r, &warm[run]);
-                prop_assert_eq!(&choice, &select(&ms, r, &[]));
+                let choice = select(&ms, r, &mut warm[run]);
+                prop_assert_eq!(&choice, &select(&ms, r, &mut Warm::default()));
                 let Ok(c) = choice else { continue };
                 let m = &mut ms[c.index];
                 m.take(r.cpu_millis, r.memory_bytes, r.gpus);

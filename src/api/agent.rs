@@ -232,7 +232,6 @@ async fn assignments(
     let changed = notify.notified();
     tokio::pin!(changed);
     changed.as_mut().enable();
-    let holds = |version: i64| version <= q.version && !wait.is_zero();
     // A version heard in a wake-up is the one Postgres holds, or an older one whose successor's
     // wake-up is on its way: an agent behind it is answered, and an agent holding it waits,
     // without asking Postgres (an agent that will not wait is told what Postgres holds). The
@@ -243,7 +242,7 @@ async fn assignments(
         Some(heard) => (heard, None),
         None => Box::pin(read_version(&app.db, caller.id)).await?,
     };
-    if holds(version) {
+    if version <= q.version && !wait.is_zero() {
         drop(db);
         let woken = tokio::time::timeout(wait, changed).await.is_ok();
         // Woken, the wake-up's version is enough; when the wait ran out, Postgres says, as it

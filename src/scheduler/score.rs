@@ -42,11 +42,11 @@ pub fn score(m: &MachineView, r: &Request) -> Score {
     }
 }
 
-/// The most `score(m, r)` can become later in the same pass: copies only leave (evicted),
-/// resources and data room only shrink as workers are bound, and a copy made for another
-/// worker can turn up as filling, at most for each of the run's drives not whole here.
-pub fn bound(m: &MachineView, r: &Request) -> Score {
-    let s = score(m, r);
+/// The most a machine's score `s` for `r` can become later in the same pass: copies only
+/// leave (evicted), resources and data room only shrink as workers are bound, and a copy made
+/// for another worker can turn up as filling, at most for each of the run's drives not whole
+/// here.
+pub fn bound(s: Score, r: &Request) -> Score {
     Score { filling: r.placed().count() - s.complete, ..s }
 }
 

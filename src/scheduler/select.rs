@@ -102,7 +102,8 @@ fn best_two_warm(machines: &[MachineView], r: &Request, warm: &mut Warm) -> (Pic
         }
         warm.heap.pop();
         let m = &machines[i];
-        let bound = bound(m, r);
+        let s = score(m, r);
+        let bound = bound(s, r);
         if bound < stale {
             warm.heap.push((bound, Reverse(i)));
             continue;
@@ -111,7 +112,6 @@ fn best_two_warm(machines: &[MachineView], r: &Request, warm: &mut Warm) -> (Pic
         if fits(m, r).is_err() {
             continue;
         }
-        let s = score(m, r);
         if s.complete == 0 {
             continue;
         }
@@ -171,7 +171,7 @@ pub fn warm_for(machines: &[MachineView], index: &HashMap<Uuid, Vec<usize>>, r: 
     let mut warm: Vec<usize> = r.placed().filter_map(|d| index.get(&d.id)).flatten().copied().collect();
     warm.sort_unstable();
     warm.dedup();
-    Warm { heap: warm.into_iter().map(|i| (bound(&machines[i], r), Reverse(i))).collect() }
+    Warm { heap: warm.into_iter().map(|i| (bound(score(&machines[i], r), r), Reverse(i))).collect() }
 }
 
 #[cfg(test)]

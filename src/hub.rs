@@ -21,6 +21,8 @@ pub const CHANGE: &str = "astraeus_change";
 pub const REVOKED: &str = "astraeus_revoked";
 /// The server changed its side of a machine's heartbeat (by trigger): the payload is the machine's id.
 pub const REPORT: &str = "astraeus_report";
+/// A drive row was deleted or updated (by trigger): the drives kept for assignments are read again.
+pub const DRIVE_CHANGED: &str = "astraeus_drive_changed";
 
 /// Below this many notifiers, the ones nobody holds any more are left in place.
 const SWEEP_FLOOR: usize = 1024;
@@ -68,6 +70,8 @@ pub struct Hub {
     pub machine_tokens: crate::auth::verified::Verified<crate::auth::machine::MachineClaims>,
     /// Heartbeats that changed nothing, forgotten when the server changes its side.
     pub beats: crate::beats::Beats,
+    /// The drives that assignments name, forgotten when any drive changes.
+    pub drives: crate::drive_cache::DriveCache,
     /// The latest assignment version each machine's wake-up carried (`<id>:<version>`).
     versions: Mutex<HashMap<Uuid, i64>>,
 }
@@ -85,6 +89,10 @@ impl Hub {
         }
         if channel == CHANGE {
             self.changes.notify_waiters();
+            return;
+        }
+        if channel == DRIVE_CHANGED {
+            self.drives.forget_all();
             return;
         }
         if channel == MACHINE {
@@ -146,6 +154,7 @@ impl Hub {
         self.schedule.notify_one();
         self.beats.forget_all();
         self.credentials.forget_all();
+        self.drives.forget_all();
         self.versions.lock().expect("not poisoned").clear();
     }
 
@@ -165,7 +174,7 @@ impl Hub {
 
     async fn listen_once(&self, db: &PgPool) -> sqlx::Result<()> {
         let mut listener = PgListener::connect_with(db).await?;
-        listener.listen_all([MACHINE, WORKER, SCHEDULE, CHANGE, REVOKED, REPORT]).await?;
+        listener.listen_all([MACHINE, WORKER, SCHEDULE, CHANGE, REVOKED, REPORT, DRIVE_CHANGED]).await?;
         // Something may have changed while nobody listened.
         self.missed();
         loop {

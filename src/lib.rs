@@ -20,6 +20,8 @@ pub mod controllers;
 pub mod dev;
 /// Validated types and pure rules, without I/O.
 pub mod domain;
+/// The drives that agents' assignments name, kept in memory until a drive changes.
+pub mod drive_cache;
 /// Wake-ups across replicas (LISTEN/NOTIFY) for the tasks waiting in this process.
 pub mod hub;
 /// Prometheus metrics.

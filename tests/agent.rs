@@ -132,6 +132,44 @@ async fn a_drive_mounted_read_only_refuses_writes_and_read_write_lets_them_land_
     assert_eq!(std::fs::read_to_string(ds.join("from-worker")).unwrap(), "written-by-worker\n");
 }
 
+/// The server keeps the drives that assignments name in memory; a drive deleted and made again
+/// under the same name is read anew, so the next worker mounts the new drive's folder.
+#[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
+async fn a_drive_made_again_under_its_name_is_what_the_next_worker_mounts(pool: PgPool) {
+    let cluster = Cluster::start(&pool).await;
+    let api = &cluster.api;
+    let host = open_tempdir();
+    for folder in ["old", "new"] {
+        std::fs::create_dir(host.path().join(folder)).unwrap();
+        std::fs::write(host.path().join(folder).join("file"), format!("the {folder} folder\n")).unwrap();
+    }
+    api.grant_host_paths(&[host.path()]).await;
+    let drive = |folder: &str| {
+        json!({
+            "metadata": {"name": "shared-data"},
+            "spec": {"sources": [{
+                "node_scope": "shared", "path": host.path().join(folder), "mount_path": "/data",
+                "mode": "ReadOnly"
+            }]}
+        })
+    };
+    let refs = json!([{"name": "shared-data"}]);
+
+    api.create_drive(&drive("old")).await;
+    api.create_run(&run_mounting("before", "cat /data/file", refs.clone())).await;
+    assert_eq!(api.wait_run_ended("before").await["status"]["state"], "Completed");
+    assert!(api.logs("before-0").await.contains("the old folder"));
+
+    let deleted = api.delete("/drives/shared-data").await;
+    assert_eq!(deleted.status, StatusCode::NO_CONTENT, "{}", deleted.text);
+    api.create_drive(&drive("new")).await;
+    api.create_run(&run_mounting("after", "cat /data/file", refs)).await;
+    let run = api.wait_run_ended("after").await;
+    let logs = api.logs("after-0").await;
+    assert_eq!(run["status"]["state"], "Completed", "{run}; logs: {logs}");
+    assert!(logs.contains("the new folder"), "the worker mounted the deleted drive's folder: {logs}");
+}
+
 /// A run is Failed as soon as one worker fails, while another may still run: that worker still
 /// uses the drive it mounts, which lists it and refuses to be deleted under it.
 #[sqlx::test(migrator = "astraeus::store::MIGRATOR")]

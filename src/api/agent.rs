@@ -2,7 +2,8 @@
 //! for their workers, report worker states and upload logs. A machine credential opens these
 //! routes only, and only for its own machine.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::{DefaultBodyLimit, FromRequestParts, State};
@@ -26,12 +27,13 @@ use crate::domain::Problems;
 use crate::domain::drive::{Location, full_name};
 use crate::domain::quantity::human_bytes;
 use crate::domain::run::WorkerState;
+use crate::drive_cache::{self, DriveCache};
 use crate::hub;
 use crate::protocol::{
     self, Ack, Assignment, Assignments, HeartbeatRequest, HeartbeatResponse, JoinRequest, JoinResponse,
     LogUpload, MountSource, MountSpec, StatusReport,
 };
-use crate::store::{self, machines::Joining, workers::AssignmentRow};
+use crate::store::{self, drives::DriveRecord, machines::Joining, workers::AssignmentRow};
 
 /// Longest an assignments long-poll is held open.
 const MAX_WAIT: Duration = Duration::from_secs(60);
@@ -288,7 +290,7 @@ async fn answer(
         None => app.db.acquire().await?,
     };
     let rows = store::workers::assigned_to(&mut *db, machine).await?;
-    let refs = Referenced::read(&mut db, &rows).await?;
+    let refs = Referenced::read(&mut db, &app.hub.drives, &rows).await?;
     // Read after the workers: a worker placed there was placed after its location was confirmed.
     let data_location = store::machines::get(&mut *db, machine).await?.and_then(|m| m.data_path);
     drop(db);
@@ -296,32 +298,41 @@ async fn answer(
     Ok((etag, Json(Assignments { version, workers, data_location })).into_response())
 }
 
-/// The drives and sealed secrets the assigned workers name, each read once for the whole answer.
+/// The drives and sealed secrets the assigned workers name, each read once for the whole answer;
+/// drives the server keeps in memory are not read at all.
 struct Referenced {
-    drives: HashMap<(Uuid, String), store::drives::DriveRecord>,
+    drives: HashMap<drive_cache::Key, Arc<DriveRecord>>,
     secrets: HashMap<(Uuid, String), Vec<u8>>,
 }
 
 impl Referenced {
-    async fn read(db: &mut PgConnection, rows: &[AssignmentRow]) -> Result<Referenced, ApiError> {
-        let mut drives: (Vec<Uuid>, Vec<String>) = Default::default();
+    async fn read(
+        db: &mut PgConnection,
+        cache: &DriveCache,
+        rows: &[AssignmentRow],
+    ) -> Result<Referenced, ApiError> {
+        let mut drives: BTreeSet<drive_cache::Key> = BTreeSet::new();
         let mut secrets: (Vec<Uuid>, Vec<String>) = Default::default();
         for row in rows {
             let task = &row.spec.0.task_template;
-            for r in &task.datavolume_refs {
-                drives.0.push(row.workspace_id);
-                drives.1.push(r.name.to_string());
-            }
+            drives.extend(task.datavolume_refs.iter().map(|r| (row.workspace_id, r.name.to_string())));
             for s in &task.secret_refs {
                 secrets.0.push(row.workspace_id);
                 secrets.1.push(s.name.to_string());
             }
         }
-        let drives = store::drives::get_many(&mut *db, &drives.0, &drives.1)
-            .await?
-            .into_iter()
-            .map(|d| ((d.workspace_id, d.name.clone()), d))
-            .collect();
+        let (mut known, missing, generation) = cache.lookup(&drives.into_iter().collect::<Vec<_>>());
+        if !missing.is_empty() {
+            let (workspaces, names): (Vec<Uuid>, Vec<String>) = missing.into_iter().unzip();
+            let read: Vec<Arc<DriveRecord>> = store::drives::get_many(&mut *db, &workspaces, &names)
+                .await?
+                .into_iter()
+                .map(Arc::new)
+                .collect();
+            cache.remember(generation, &read);
+            known.extend(read);
+        }
+        let drives = known.into_iter().map(|d| ((d.workspace_id, d.name.clone()), d)).collect();
         let secrets = store::secrets::sealed_many(&mut *db, &secrets.0, &secrets.1)
             .await?
             .into_iter()

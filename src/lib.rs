@@ -34,6 +34,8 @@ pub mod scheduler;
 pub mod server;
 /// Command-line flags and their environment fallbacks: the one typed configuration.
 pub mod settings;
+/// The specs of the runs whose workers agents are given, kept in memory.
+pub mod spec_cache;
 /// Postgres access, one file per table.
 pub mod store;
 /// Structured logs.

@@ -26,13 +26,14 @@ use crate::beats;
 use crate::domain::Problems;
 use crate::domain::drive::{Location, full_name};
 use crate::domain::quantity::human_bytes;
-use crate::domain::run::WorkerState;
+use crate::domain::run::{RunSpec, WorkerState};
 use crate::drive_cache::{self, DriveCache};
 use crate::hub;
 use crate::protocol::{
     self, Ack, Assignment, Assignments, HeartbeatRequest, HeartbeatResponse, JoinRequest, JoinResponse,
     LogUpload, MountSource, MountSpec, StatusReport,
 };
+use crate::spec_cache::RunSpecs;
 use crate::store::{self, drives::DriveRecord, machines::Joining, workers::AssignmentRow};
 
 /// Longest an assignments long-poll is held open.
@@ -290,12 +291,37 @@ async fn answer(
         None => app.db.acquire().await?,
     };
     let rows = store::workers::assigned_to(&mut *db, machine).await?;
-    let refs = Referenced::read(&mut db, &app.hub.drives, &rows).await?;
+    let specs = run_specs(&mut db, &app.run_specs, &rows).await?;
+    let refs = Referenced::read(&mut db, &app.hub.drives, &rows, &specs).await?;
     // Read after the workers: a worker placed there was placed after its location was confirmed.
     let data_location = store::machines::get(&mut *db, machine).await?.and_then(|m| m.data_path);
     drop(db);
-    let workers = rows.into_iter().map(|row| assignment(app, &refs, row)).collect::<Result<_, _>>()?;
+    // A run deleted since its workers were read has none left to run.
+    let workers = rows
+        .into_iter()
+        .filter_map(|row| Some(assignment(app, &refs, specs.get(&row.run_id)?, row)))
+        .collect::<Result<_, _>>()?;
     Ok((etag, Json(Assignments { version, workers, data_location })).into_response())
+}
+
+/// The specs of the assigned workers' runs, read from Postgres only once.
+async fn run_specs(
+    db: &mut PgConnection,
+    cache: &RunSpecs,
+    rows: &[AssignmentRow],
+) -> Result<HashMap<Uuid, Arc<RunSpec>>, ApiError> {
+    let runs: BTreeSet<Uuid> = rows.iter().map(|r| r.run_id).collect();
+    let (mut known, missing) = cache.lookup(&runs.into_iter().collect::<Vec<_>>());
+    if !missing.is_empty() {
+        let read: HashMap<Uuid, Arc<RunSpec>> = store::runs::specs(&mut *db, &missing)
+            .await?
+            .into_iter()
+            .map(|(run, spec)| (run, Arc::new(spec.0)))
+            .collect();
+        cache.remember(&read);
+        known.extend(read);
+    }
+    Ok(known)
 }
 
 /// The drives and sealed secrets the assigned workers name, each read once for the whole answer;
@@ -310,11 +336,13 @@ impl Referenced {
         db: &mut PgConnection,
         cache: &DriveCache,
         rows: &[AssignmentRow],
+        specs: &HashMap<Uuid, Arc<RunSpec>>,
     ) -> Result<Referenced, ApiError> {
         let mut drives: BTreeSet<drive_cache::Key> = BTreeSet::new();
         let mut secrets: (Vec<Uuid>, Vec<String>) = Default::default();
         for row in rows {
-            let task = &row.spec.0.task_template;
+            let Some(spec) = specs.get(&row.run_id) else { continue };
+            let task = &spec.task_template;
             drives.extend(task.datavolume_refs.iter().map(|r| (row.workspace_id, r.name.to_string())));
             for s in &task.secret_refs {
                 secrets.0.push(row.workspace_id);
@@ -343,8 +371,13 @@ impl Referenced {
 }
 
 /// Turns a worker row into what the agent runs: mounts resolved, secrets opened.
-fn assignment(app: &AppState, refs: &Referenced, row: AssignmentRow) -> Result<Assignment, ApiError> {
-    let task = &row.spec.0.task_template;
+fn assignment(
+    app: &AppState,
+    refs: &Referenced,
+    run: &RunSpec,
+    row: AssignmentRow,
+) -> Result<Assignment, ApiError> {
+    let task = &run.task_template;
     let mut env = task.env.clone();
     for s in &task.secret_refs {
         if let Some(sealed) = refs.secrets.get(&(row.workspace_id, s.name.to_string())) {

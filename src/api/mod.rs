@@ -51,6 +51,8 @@ pub struct AppState {
     pub db: PgPool,
     pub keys: Arc<Keys>,
     pub hub: Arc<Hub>,
+    /// The run specs that agents' assignments need, kept once read.
+    pub run_specs: Arc<crate::spec_cache::RunSpecs>,
     pub limiter: limit::Limiter,
     /// User-API requests in progress at most ([`overload`]); 0 for no cap.
     pub max_in_flight: usize,
@@ -67,6 +69,7 @@ impl AppState {
             db,
             keys,
             hub: Arc::new(Hub::default()),
+            run_specs: Arc::default(),
             limiter: limit::Limiter::per_token(DEFAULT_RATE_LIMIT),
             max_in_flight: overload::DEFAULT_MAX_IN_FLIGHT,
         }

@@ -80,6 +80,11 @@ pub async fn get(db: impl PgExecutor<'_>, workspace: Uuid, name: &str) -> sqlx::
         .await
 }
 
+/// The specs of these runs, those that still exist.
+pub async fn specs(db: impl PgExecutor<'_>, runs: &[Uuid]) -> sqlx::Result<Vec<(Uuid, Json<RunSpec>)>> {
+    sqlx::query_as("SELECT id, spec FROM runs WHERE id = ANY($1)").bind(runs).fetch_all(db).await
+}
+
 /// Newest first; terminal runs only when `all`.
 pub async fn list(
     db: impl PgExecutor<'_>,

@@ -343,8 +343,8 @@ pub struct AssignmentRow {
     pub state: WorkerState,
     pub workspace_id: Uuid,
     pub namespace: String,
+    pub run_id: Uuid,
     pub run_name: String,
-    pub spec: Json<RunSpec>,
     /// For a fill's worker: the name of the drive it fills.
     pub fill_drive: Option<String>,
 }
@@ -352,7 +352,7 @@ pub struct AssignmentRow {
 /// The released workers of a machine that have not ended: what its agent should be running.
 pub async fn assigned_to(db: impl PgExecutor<'_>, machine: Uuid) -> sqlx::Result<Vec<AssignmentRow>> {
     sqlx::query_as(
-        "SELECT w.id, w.name, w.state, w.workspace_id, s.name AS namespace, r.name AS run_name, r.spec,
+        "SELECT w.id, w.name, w.state, w.workspace_id, s.name AS namespace, w.run_id, r.name AS run_name,
              fd.name AS fill_drive
          FROM workers w JOIN runs r ON r.id = w.run_id JOIN workspaces s ON s.id = w.workspace_id
          LEFT JOIN drives fd ON fd.id = r.fill_drive_id

@@ -1,10 +1,11 @@
 //! The drives that agents' assignments name, kept in memory.
 //!
-//! Every answer to a machine's long-poll resolves its workers' mounts to drive records, and at
-//! 10,000 machines that read was one statement in six of a placement. A drive row is never
-//! updated, so a record read once stays true until its drive is deleted. A trigger announces
-//! every deletion (and any update, should one ever be made) on `astraeus_drive_changed`, which
-//! forgets every record on every replica; so does a reconnection of the notification listener.
+//! Every answer to a machine's long-poll resolves its workers' mounts to drive records: read
+//! from Postgres, that was about 28,000 statements over a placement at 10,000 machines. A drive
+//! row is never updated, so a record read once stays true until its drive is deleted. A trigger
+//! announces every deletion (and any update, should one ever be made) on
+//! `astraeus_drive_changed`, which forgets every record on every replica; so does a reconnection
+//! of the notification listener.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

@@ -70,8 +70,9 @@ pub struct Hub {
     pub machine_tokens: crate::auth::verified::Verified<crate::auth::machine::MachineClaims>,
     /// Heartbeats that changed nothing, forgotten when the server changes its side.
     pub beats: crate::beats::Beats,
-    /// The drives that assignments name, forgotten when any drive changes.
-    pub drives: crate::drive_cache::DriveCache,
+    /// The drives that assignments name, by workspace and name. A drive row is never updated,
+    /// so they are forgotten only when a drive is deleted (by trigger, on `DRIVE_CHANGED`).
+    pub drives: crate::kept::Kept<(Uuid, String), crate::store::drives::DriveRecord>,
     /// The latest assignment version each machine's wake-up carried (`<id>:<version>`).
     versions: Mutex<HashMap<Uuid, i64>>,
 }

@@ -20,10 +20,10 @@ pub mod controllers;
 pub mod dev;
 /// Validated types and pure rules, without I/O.
 pub mod domain;
-/// The drives that agents' assignments name, kept in memory until a drive changes.
-pub mod drive_cache;
 /// Wake-ups across replicas (LISTEN/NOTIFY) for the tasks waiting in this process.
 pub mod hub;
+/// Rows kept in memory by key once read from Postgres.
+pub mod kept;
 /// Prometheus metrics.
 pub mod observe;
 /// What agents and the server send each other.
@@ -34,8 +34,6 @@ pub mod scheduler;
 pub mod server;
 /// Command-line flags and their environment fallbacks: the one typed configuration.
 pub mod settings;
-/// The specs of the runs whose workers agents are given, kept in memory.
-pub mod spec_cache;
 /// Postgres access, one file per table.
 pub mod store;
 /// Structured logs.

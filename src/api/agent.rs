@@ -2,7 +2,7 @@
 //! for their workers, report worker states and upload logs. A machine credential opens these
 //! routes only, and only for its own machine.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -27,13 +27,12 @@ use crate::domain::Problems;
 use crate::domain::drive::{Location, full_name};
 use crate::domain::quantity::human_bytes;
 use crate::domain::run::{RunSpec, WorkerState};
-use crate::drive_cache::{self, DriveCache};
 use crate::hub;
+use crate::kept::Kept;
 use crate::protocol::{
     self, Ack, Assignment, Assignments, HeartbeatRequest, HeartbeatResponse, JoinRequest, JoinResponse,
     LogUpload, MountSource, MountSpec, StatusReport,
 };
-use crate::spec_cache::RunSpecs;
 use crate::store::{self, drives::DriveRecord, machines::Joining, workers::AssignmentRow};
 
 /// Longest an assignments long-poll is held open.
@@ -290,77 +289,56 @@ async fn answer(
         Some(db) => db,
         None => app.db.acquire().await?,
     };
-    let rows = store::workers::assigned_to(&mut *db, machine).await?;
-    let specs = run_specs(&mut db, &app.run_specs, &rows).await?;
+    let mut rows = store::workers::assigned_to(&mut *db, machine).await?;
+    let runs = rows.iter().map(|r| r.run_id);
+    let specs = app.run_specs.get_or_read(runs, |missing| store::runs::specs(&mut *db, missing)).await?;
+    // A run deleted since its workers were read has none left to run.
+    rows.retain(|r| specs.contains_key(&r.run_id));
     let refs = Referenced::read(&mut db, &app.hub.drives, &rows, &specs).await?;
     // Read after the workers: a worker placed there was placed after its location was confirmed.
     let data_location = store::machines::get(&mut *db, machine).await?.and_then(|m| m.data_path);
     drop(db);
-    // A run deleted since its workers were read has none left to run.
     let workers = rows
         .into_iter()
-        .filter_map(|row| Some(assignment(app, &refs, specs.get(&row.run_id)?, row)))
+        .map(|row| assignment(app, &refs, &specs[&row.run_id], row))
         .collect::<Result<_, _>>()?;
     Ok((etag, Json(Assignments { version, workers, data_location })).into_response())
-}
-
-/// The specs of the assigned workers' runs, read from Postgres only once.
-async fn run_specs(
-    db: &mut PgConnection,
-    cache: &RunSpecs,
-    rows: &[AssignmentRow],
-) -> Result<HashMap<Uuid, Arc<RunSpec>>, ApiError> {
-    let runs: BTreeSet<Uuid> = rows.iter().map(|r| r.run_id).collect();
-    let (mut known, missing) = cache.lookup(&runs.into_iter().collect::<Vec<_>>());
-    if !missing.is_empty() {
-        let read: HashMap<Uuid, Arc<RunSpec>> = store::runs::specs(&mut *db, &missing)
-            .await?
-            .into_iter()
-            .map(|(run, spec)| (run, Arc::new(spec.0)))
-            .collect();
-        cache.remember(&read);
-        known.extend(read);
-    }
-    Ok(known)
 }
 
 /// The drives and sealed secrets the assigned workers name, each read once for the whole answer;
 /// drives the server keeps in memory are not read at all.
 struct Referenced {
-    drives: HashMap<drive_cache::Key, Arc<DriveRecord>>,
+    drives: HashMap<(Uuid, String), Arc<DriveRecord>>,
     secrets: HashMap<(Uuid, String), Vec<u8>>,
 }
 
 impl Referenced {
     async fn read(
         db: &mut PgConnection,
-        cache: &DriveCache,
+        kept: &Kept<(Uuid, String), DriveRecord>,
         rows: &[AssignmentRow],
         specs: &HashMap<Uuid, Arc<RunSpec>>,
     ) -> Result<Referenced, ApiError> {
-        let mut drives: BTreeSet<drive_cache::Key> = BTreeSet::new();
+        let mut drives: Vec<(Uuid, String)> = Vec::new();
         let mut secrets: (Vec<Uuid>, Vec<String>) = Default::default();
         for row in rows {
-            let Some(spec) = specs.get(&row.run_id) else { continue };
-            let task = &spec.task_template;
+            let task = &specs[&row.run_id].task_template;
             drives.extend(task.datavolume_refs.iter().map(|r| (row.workspace_id, r.name.to_string())));
             for s in &task.secret_refs {
                 secrets.0.push(row.workspace_id);
                 secrets.1.push(s.name.to_string());
             }
         }
-        let (mut known, missing, generation) = cache.lookup(&drives.into_iter().collect::<Vec<_>>());
-        if !missing.is_empty() {
-            let (workspaces, names): (Vec<Uuid>, Vec<String>) = missing.into_iter().unzip();
-            let read: Vec<Arc<DriveRecord>> = store::drives::get_many(&mut *db, &workspaces, &names)
-                .await?
-                .into_iter()
-                .map(Arc::new)
-                .collect();
-            cache.remember(generation, &read);
-            known.extend(read);
-        }
-        let drives = known.into_iter().map(|d| ((d.workspace_id, d.name.clone()), d)).collect();
+        let read_db = &mut *db;
+        let drives = kept
+            .get_or_read(drives, |missing| async move {
+                let (workspaces, names): (Vec<Uuid>, Vec<String>) = missing.into_iter().unzip();
+                let read = store::drives::get_many(read_db, &workspaces, &names).await?;
+                Ok::<_, sqlx::Error>(
+                    read.into_iter().map(|d| ((d.workspace_id, d.name.clone()), d)).collect(),
+                )
+            })
+            .await?;
         let secrets = store::secrets::sealed_many(&mut *db, &secrets.0, &secrets.1)
             .await?
             .into_iter()

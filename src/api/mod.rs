@@ -51,8 +51,9 @@ pub struct AppState {
     pub db: PgPool,
     pub keys: Arc<Keys>,
     pub hub: Arc<Hub>,
-    /// The run specs that agents' assignments need, kept once read.
-    pub run_specs: Arc<crate::spec_cache::RunSpecs>,
+    /// The run specs that agents' assignments need, by run id: a run's spec never changes once
+    /// the run is made and run ids are never reused, so nothing forgets them but the bound.
+    pub run_specs: Arc<crate::kept::Kept<uuid::Uuid, crate::domain::run::RunSpec>>,
     pub limiter: limit::Limiter,
     /// User-API requests in progress at most ([`overload`]); 0 for no cap.
     pub max_in_flight: usize,

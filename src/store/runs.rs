@@ -81,8 +81,10 @@ pub async fn get(db: impl PgExecutor<'_>, workspace: Uuid, name: &str) -> sqlx::
 }
 
 /// The specs of these runs, those that still exist.
-pub async fn specs(db: impl PgExecutor<'_>, runs: &[Uuid]) -> sqlx::Result<Vec<(Uuid, Json<RunSpec>)>> {
-    sqlx::query_as("SELECT id, spec FROM runs WHERE id = ANY($1)").bind(runs).fetch_all(db).await
+pub async fn specs(db: impl PgExecutor<'_>, runs: Vec<Uuid>) -> sqlx::Result<Vec<(Uuid, RunSpec)>> {
+    let read: Vec<(Uuid, Json<RunSpec>)> =
+        sqlx::query_as("SELECT id, spec FROM runs WHERE id = ANY($1)").bind(runs).fetch_all(db).await?;
+    Ok(read.into_iter().map(|(id, spec)| (id, spec.0)).collect())
 }
 
 /// Newest first; terminal runs only when `all`.

@@ -111,10 +111,21 @@ pub struct Assignment {
     pub env: BTreeMap<String, String>,
     pub time_limit_seconds: Option<u64>,
     pub mounts: Vec<MountSpec>,
+    /// What the worker may use, enforced by its container's cgroups.
+    pub resources: Limits,
+    /// The workspace's number: its containers run as a range of host user ids of their own.
+    pub id_slot: u32,
     /// A fill's worker. Found Running by an agent that restarted, a fill runs again (its copy
     /// is whole only once it writes the marker); any other worker fails.
     #[serde(default)]
     pub fill: bool,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+pub struct Limits {
+    pub cpu_cores: f64,
+    pub memory_bytes: u64,
+    pub gpus: u32,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -139,7 +150,7 @@ pub enum MountSource {
 #[derive(Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct StatusReport {
-    /// `Running`, `Completed` or `Failed`.
+    /// `Preparing` (with why, e.g. pulling its image), `Running`, `Completed` or `Failed`.
     pub state: WorkerState,
     pub exit_code: Option<i32>,
     #[serde(default)]

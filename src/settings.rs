@@ -108,6 +108,32 @@ pub struct AgentArgs {
     pub data_location: PathBuf,
     #[command(flatten)]
     pub machine: MachineArgs,
+    #[command(flatten)]
+    pub runtime: RuntimeArgs,
+}
+
+/// How the agent runs workers' containers.
+#[derive(Debug, Clone, Args)]
+pub struct RuntimeArgs {
+    /// podman, by absolute path (default: the one on PATH when the agent starts).
+    #[arg(long)]
+    pub podman: Option<PathBuf>,
+    /// The OCI runtime podman uses, by absolute path (default: runc on PATH).
+    #[arg(long)]
+    pub runc: Option<PathBuf>,
+    /// The registries file podman reads (mirrors, insecure registries); podman's own default
+    /// (/etc/containers/registries.conf) when unset.
+    #[arg(long, env = "CONTAINERS_REGISTRIES_CONF")]
+    pub registries_conf: Option<PathBuf>,
+    /// Capabilities workers keep, e.g. CHOWN,DAC_OVERRIDE; all others are dropped.
+    #[arg(long, value_delimiter = ',')]
+    pub allow_capabilities: Vec<String>,
+    /// The CDI device kind of this machine's GPUs.
+    #[arg(long, default_value = "nvidia.com/gpu")]
+    pub gpu_kind: String,
+    /// Seconds a stopped worker has between SIGTERM and SIGKILL.
+    #[arg(long, default_value_t = 10)]
+    pub stop_grace_seconds: u64,
 }
 
 /// What a machine advertises; the host's cores and memory unless given.
@@ -155,6 +181,8 @@ pub struct DevArgs {
     pub database_url: Option<SecretString>,
     #[command(flatten)]
     pub machine: MachineArgs,
+    #[command(flatten)]
+    pub runtime: RuntimeArgs,
     #[command(flatten)]
     pub controllers: ControllerArgs,
 }

@@ -1,8 +1,9 @@
 //! End to end: the real `astraeus serve` and `astraeus agent` binaries over a fresh database per
-//! test, workers run in the real bubblewrap sandbox.
+//! test, workers run as podman containers of busybox from the tests' own registry.
 
 mod common;
 
+use std::os::unix::fs::PermissionsExt;
 use std::time::Duration;
 
 use astraeus::agent::client::Client;
@@ -21,6 +22,9 @@ async fn shared_drive(api: &Api) -> TempDir {
     let host = open_tempdir();
     let ds = host.path().join("ds");
     std::fs::create_dir(&ds).unwrap();
+    // Workers run as their workspace's own host user ids: a folder they may write to is one
+    // that those ids (or everyone) may write to.
+    std::fs::set_permissions(&ds, std::fs::Permissions::from_mode(0o777)).unwrap();
     std::fs::write(ds.join("file"), "shard-0 of shared-data\n").unwrap();
     api.grant_host_paths(&[host.path()]).await;
     api.create_drive(&json!({
@@ -438,7 +442,10 @@ async fn a_killed_agent_makes_its_machine_not_ready_and_fails_its_worker(pool: P
     let run = api.run("orphan").await;
     assert_eq!(run["status"]["state"], "Failed", "{run}");
     assert!(run["status"]["reason"].as_str().unwrap().contains("gpu-01"), "{run}");
-    // The sandbox dies with its agent.
+    // The container outlives its agent (a restarted agent could follow it again), until the
+    // agent comes back and finds its worker ended.
+    assert!(process_running("sleep 300.801"));
+    cluster.restart_agent("gpu-01");
     wait_gone("sleep 300.801").await;
 }
 
@@ -468,13 +475,16 @@ async fn deleting_a_running_run_stops_its_worker_and_frees_the_machine(pool: PgP
 }
 
 #[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
-async fn an_agent_killed_mid_fill_fills_again_and_the_copy_is_complete_only_with_its_marker(pool: PgPool) {
+async fn an_agent_killed_mid_fill_follows_the_fill_again_and_the_copy_is_complete_only_with_its_marker(
+    pool: PgPool,
+) {
     // Grace enough for the agent to come back before its machine is declared lost.
     let mut cluster = Cluster::server_with_grace(&pool, 60).await;
     cluster.add_agent("gpu-01").await;
-    // The first attempt leaves a part behind and hangs; the second sees it, finishes, marks.
-    let fill = "mkdir -p /drive/ds; if [ -f /drive/ds/attempt-1 ]; then touch /drive/ds/attempt-2; \
-                touch /drive/.astralyx-filled; else touch /drive/ds/attempt-1; sleep 300.903; fi";
+    // The fill leaves a part behind and waits for the test's gate, then says so and marks.
+    let fill = "mkdir -p /drive/ds; touch /drive/ds/attempt-1; \
+                while [ ! -e /drive/gate ]; do sleep 0.903; done; touch /drive/ds/attempt-2; \
+                echo through the gate; touch /drive/.astralyx-filled";
     cluster
         .api
         .create_drive(&json!({
@@ -482,7 +492,7 @@ async fn an_agent_killed_mid_fill_fills_again_and_the_copy_is_complete_only_with
             "spec": {
                 "sources": [{"node_scope": "placed", "path": "", "mount_path": "/data", "mode": "ReadOnly"}],
                 "size_hint_bytes": 1000,
-                "fill": {"template": {"image": "busybox", "command": "sh", "args": ["-c", fill],
+                "fill": {"template": {"image": "busybox:1.36", "command": "sh", "args": ["-c", fill],
                     "requested_resources": {"cpu_cores": 1, "memory_bytes": 268435456}}}
             }
         }))
@@ -498,13 +508,18 @@ async fn an_agent_killed_mid_fill_fills_again_and_the_copy_is_complete_only_with
     .await;
 
     cluster.agent("gpu-01").proc.kill();
-    wait_gone("sleep 300.903").await;
+    // The fill's container goes on without its agent.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(process_running("sleep 0.903"));
     assert!(part.exists() && !data.join(".astralyx-filled").exists());
     let drive = cluster.api.get("/drives/slow").await.expect(StatusCode::OK);
     assert_eq!(drive["copies"][0]["complete"], false, "{drive}");
     assert_eq!(cluster.api.worker("reader-0").await["status"]["state"], "Preparing");
 
     cluster.restart_agent("gpu-01");
+    // The restarted agent follows the same container: what it prints from now on is shipped.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    std::fs::write(data.join("gate"), "").unwrap();
     let api = &cluster.api;
     eventually("the reader completes after the fill ran again", || async move {
         let (reader, fill) = (api.worker("reader-0").await, api.worker("fill-slow-gpu-01-0").await);
@@ -516,4 +531,6 @@ async fn an_agent_killed_mid_fill_fills_again_and_the_copy_is_complete_only_with
     assert_eq!(drive["copies"][0]["complete"], true, "{drive}");
     let fill = cluster.api.run("fill-slow-gpu-01").await;
     assert_eq!(fill["status"]["state"], "Completed", "{fill}");
+    assert!(cluster.api.logs("fill-slow-gpu-01-0").await.contains("through the gate"));
+    wait_gone("sleep 0.903").await;
 }

@@ -2,6 +2,9 @@
 //! lines print what the recipe shows, JSON goes to jq unchanged, and failures exit non-zero with
 //! the API's own message.
 
+#[path = "images/mod.rs"]
+mod images;
+
 use std::collections::HashMap;
 use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
@@ -41,6 +44,7 @@ impl Dev {
             .arg("--state-dir")
             .arg(dir.path().join("state"))
             .env("DATABASE_URL", database_url(pool))
+            .env("CONTAINERS_REGISTRIES_CONF", &images::images().registries_conf)
             .env_remove("ASTRAEUS_LISTEN")
             .stdin(Stdio::null())
             .stdout(out.try_clone().unwrap())
@@ -220,7 +224,7 @@ fn gated_drive() -> Value {
             "size_hint_bytes": 1000000,
             "evictable": true,
             "fill": {"template": {
-                "image": "python:3.12-slim", "command": "sh", "args": ["-c", script],
+                "image": "busybox:1.36", "command": "sh", "args": ["-c", script],
                 "requested_resources": {"cpu_cores": 1, "memory_bytes": 268435456u64}
             }}
         }

@@ -6,6 +6,9 @@
 //! `scripts/test` installs and builds. Without them the test is skipped with a message, except
 //! under `CI`, where it fails. It builds nothing itself.
 
+#[path = "images/mod.rs"]
+mod images;
+
 use std::io::Read;
 use std::net::TcpStream;
 use std::os::unix::fs::PermissionsExt;
@@ -152,6 +155,7 @@ fn start_dev(state: &Path, database_url: &str) -> (Dev, String, String) {
         // Room for the fill (2 cores, 4 GiB) and a worker side by side, whatever the host has.
         .args(["--cpus", "4", "--memory", "8589934592"])
         .env("DATABASE_URL", database_url)
+        .env("CONTAINERS_REGISTRIES_CONF", &images::images().registries_conf)
         .env("RUST_LOG", "info")
         .stdin(Stdio::null())
         .stdout(out.try_clone().unwrap())

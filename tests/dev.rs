@@ -18,6 +18,7 @@ fn start_dev(state: &Path, log: PathBuf, fresh: bool) -> Proc {
         .arg("--state-dir")
         .arg(state)
         .args(["--machines", "2", "--heartbeat-interval-seconds", "1"])
+        .env("CONTAINERS_REGISTRIES_CONF", registries_conf())
         .env_remove("DATABASE_URL")
         .env_remove("ASTRAEUS_LISTEN");
     if fresh {

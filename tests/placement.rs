@@ -142,7 +142,7 @@ async fn a_fill_that_writes_no_marker_runs_again_after_the_refill_interval(pool:
     assert_eq!(worker["status"]["state"], "Preparing", "{worker}");
     assert_eq!(worker["status"]["reason"], WAITING_ON_GPU01);
 
-    std::fs::write(cluster.machine("gpu-01").copy_dir("default.food101").join("gate"), "").unwrap();
+    cluster.machine("gpu-01").open_gate("default.food101").await;
     api.wait_completed("reader").await;
     assert!(api.logs("reader-0").await.lines().any(|l| l == ".astralyx-filled"));
     let fill = api.wait_completed("fill-food101-gpu-01").await;
@@ -223,7 +223,7 @@ async fn a_failed_fill_stays_failed_until_its_run_is_deleted_then_it_is_made_aga
     api.wait_reason("reader-0", WAITING_ON_GPU01).await;
     assert_eq!(api.worker("reader-0").await["status"]["state"], "Preparing");
 
-    std::fs::write(cluster.machine("gpu-01").copy_dir("default.food101").join("gate"), "").unwrap();
+    cluster.machine("gpu-01").open_gate("default.food101").await;
     api.wait_completed("reader").await;
     api.wait_completed("fill-food101-gpu-01").await;
     assert_eq!(cluster.fill_runs().await, 1);
@@ -592,7 +592,7 @@ async fn a_worker_waiting_for_a_placed_drive_waits_for_no_shared_drive_it_also_m
     );
     assert_eq!(api.drive("imagenet").await["copies"], json!([]));
 
-    std::fs::write(cluster.machine("gpu-01").copy_dir("default.labels").join("gate"), "").unwrap();
+    cluster.machine("gpu-01").open_gate("default.labels").await;
     api.wait_completed("both").await;
     assert_eq!(api.logs("both-0").await, "kept\non every machine\n");
     assert_eq!(cluster.fill_runs().await, 1);

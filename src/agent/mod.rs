@@ -1,10 +1,16 @@
 //! The agent: joins the cluster, heartbeats with its data location and copies, long-polls for
-//! the workers it should run, runs each in a bubblewrap sandbox, and ships their logs.
+//! the workers it should run, runs each as a podman container of its own image, and ships their
+//! logs.
 
+pub mod cgroup;
 pub mod client;
+pub mod container;
 pub mod disk;
+pub mod gpus;
 pub mod host;
-pub mod sandbox;
+pub mod mounts;
+pub mod output;
+pub mod podman;
 pub mod worker;
 
 use std::collections::HashMap;
@@ -18,6 +24,8 @@ use uuid::Uuid;
 use crate::protocol::{Assignment, JoinRequest};
 use crate::settings::AgentArgs;
 use client::Client;
+use container::Ulimit;
+use podman::{Found, Podman};
 
 /// What the agent needs to run; built from `astraeus agent` flags or by dev mode.
 #[derive(Debug, Clone)]
@@ -27,6 +35,48 @@ pub struct Config {
     /// The folder the agent proposes as its data location.
     pub data_location: PathBuf,
     pub heartbeat_interval: Duration,
+    pub runtime: podman::Config,
+}
+
+/// What every worker of this machine shares.
+#[derive(Debug)]
+pub struct Machine {
+    pub podman: Podman,
+    /// The agent's own folder (`<data location>/.agent`, mode 0700): environment files and the
+    /// binds of workers' drives.
+    pub state: PathBuf,
+    /// The label value that marks this agent's containers.
+    pub home: String,
+    pub gpus: gpus::Gpus,
+    /// `nofile` and `nproc` for containers: no higher than the agent's own, since podman's
+    /// defaults can exceed what the host lets it set. `nproc` is also held to the pids limit:
+    /// podman lowers its own (32768 in 4.3), and runc may not raise it back.
+    pub ulimits: (Ulimit, Ulimit),
+}
+
+impl Machine {
+    fn new(config: &Config) -> anyhow::Result<Machine> {
+        use std::os::unix::fs::DirBuilderExt;
+        let state = config.data_location.join(".agent");
+        std::fs::DirBuilder::new().recursive(true).mode(0o700).create(&state)?;
+        let limit = |r| {
+            let l = rustix::process::getrlimit(r);
+            let hard = l.maximum.unwrap_or(u64::from(u32::MAX));
+            Ulimit { soft: l.current.unwrap_or(hard).min(hard), hard }
+        };
+        use rustix::process::Resource;
+        Ok(Machine {
+            podman: Podman::new(config.runtime.clone()),
+            state,
+            home: config.data_location.to_string_lossy().into_owned(),
+            gpus: gpus::Gpus::new(config.join.capacity.gpus),
+            ulimits: (limit(Resource::Nofile), {
+                let l = limit(Resource::Nproc);
+                let cap = u64::from(container::PIDS_LIMIT);
+                Ulimit { soft: l.soft.min(cap), hard: l.hard.min(cap) }
+            }),
+        })
+    }
 }
 
 /// The confirmed data location, as the server last said.
@@ -48,14 +98,24 @@ impl Config {
         Ok(Config {
             server: args.server.clone(),
             join,
-            data_location: args.data_location.clone(),
+            data_location: std::path::absolute(&args.data_location)?,
             heartbeat_interval: Duration::from_secs(args.machine.heartbeat_interval_seconds.max(1)),
+            runtime: podman::Config::from_args(&args.runtime)?,
         })
     }
 }
 
 /// Runs until `stop` is cancelled, then stops its workers.
 pub async fn run(config: Config, stop: CancellationToken) -> anyhow::Result<()> {
+    let machine = Arc::new(Machine::new(&config)?);
+    // Containers left by this agent's last life: followed again if still assigned.
+    let found = machine
+        .podman
+        .own(&machine.home)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot list containers: {e}"))?;
+    let ids: Vec<Uuid> = found.iter().map(|f| f.worker).collect();
+    mounts::unstage_all_but(&machine.state, &ids);
     let mut client = Client::new(&config.server)?;
     // The server may still be starting: keep trying until it answers. A refusal (a bad join
     // token, a bad name) will not change by waiting.
@@ -74,7 +134,7 @@ pub async fn run(config: Config, stop: CancellationToken) -> anyhow::Result<()> 
     let shared = Arc::new(Shared::default());
     let heartbeat =
         tokio::spawn(heartbeat_loop(client.clone(), config.clone(), shared.clone(), stop.clone()));
-    let result = assignment_loop(client, shared, stop.clone()).await;
+    let result = assignment_loop(client, machine, found, shared, stop.clone()).await;
     stop.cancel();
     let _ = heartbeat.await;
     result
@@ -117,8 +177,16 @@ fn forget_ended(finished: &Mutex<Vec<Uuid>>, running: &mut HashMap<Uuid, Cancell
 }
 
 /// Long-polls for assignments and makes the running workers match them.
-async fn assignment_loop(client: Client, shared: Arc<Shared>, stop: CancellationToken) -> anyhow::Result<()> {
+async fn assignment_loop(
+    client: Client,
+    machine: Arc<Machine>,
+    found: Vec<Found>,
+    shared: Arc<Shared>,
+    stop: CancellationToken,
+) -> anyhow::Result<()> {
     let mut running: HashMap<Uuid, CancellationToken> = HashMap::new();
+    // Until the first answer says which of them are still wanted.
+    let mut left: Option<HashMap<Uuid, Found>> = Some(found.into_iter().map(|f| (f.worker, f)).collect());
     let finished: Arc<Mutex<Vec<Uuid>>> = Arc::default();
     let mut version = 0;
     // Whether `running` follows the answer for `version`; until then the whole list is asked for.
@@ -164,17 +232,29 @@ async fn assignment_loop(client: Client, shared: Arc<Shared>, stop: Cancellation
             }
             keep
         });
-        for (id, a) in wanted {
-            if running.contains_key(&id) {
+        let mut adopted = left.take().unwrap_or_default();
+        for (id, a) in &wanted {
+            if running.contains_key(id) {
                 continue;
             }
             let token = stop.child_token();
-            running.insert(id, token.clone());
-            let (client, data, finished, a) = (client.clone(), data.clone(), finished.clone(), a.clone());
+            running.insert(*id, token.clone());
+            let found = adopted.remove(id);
+            let (client, machine, data, finished, a) =
+                (client.clone(), machine.clone(), data.clone(), finished.clone(), (*a).clone());
+            let id = *id;
             tokio::spawn(async move {
-                worker::run(&client, a, data, token).await;
+                worker::run(&client, &machine, a, data, found, token).await;
                 finished.lock().expect("not poisoned").push(id);
             });
+        }
+        // Containers of workers that ended or moved while the agent was away.
+        for (worker, f) in adopted {
+            tracing::info!(%worker, container = %f.id, "removing a container no longer assigned");
+            machine.podman.stop(&f.id).await;
+            machine.podman.remove(&f.id).await;
+            mounts::unstage(&mounts::worker_dir(&machine.state, worker));
+            cgroup::remove(worker);
         }
     }
     for token in running.values() {

@@ -1,6 +1,8 @@
-//! Running one assigned worker: mount its drives, run it in the sandbox, ship its output, and
-//! report how it ended.
+//! Running one assigned worker: pull its image, bind its drives, run it as a container of its
+//! own, ship its output, and report how it ended.
 
+use std::io::Write;
+use std::os::unix::fs::{OpenOptionsExt, chown};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -8,72 +10,222 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::client::Client;
-use super::sandbox::{self, LogLine, Mount, Outcome, Spec, Stream};
+use super::container::{self, Bind, Container};
+use super::output::{self, LogLine, Stream};
+use super::podman::Found;
+use super::{Machine, cgroup, gpus, mounts};
+use crate::domain::image::ImageRef;
 use crate::domain::run::WorkerState;
 use crate::protocol::{Assignment, EventReport, LogLineIn, MountSource, StatusReport};
 
 /// Lines sent in one upload, and the longest a line waits to be sent.
 const BATCH: usize = 500;
 const FLUSH: Duration = Duration::from_millis(100);
+/// Pulls tried before the worker fails, the first retry after `PULL_BACKOFF`, doubling.
+const PULL_ATTEMPTS: u32 = 3;
+const PULL_BACKOFF: Duration = Duration::from_secs(2);
+/// How long to wait for the log pipes to close once the container is gone.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
+/// catatonit, the container's pid 1, exits 128 + N for a worker killed by signal N.
+const SIGKILL_EXIT: i32 = 128 + 9;
 
-pub async fn run(client: &Client, a: Assignment, data_location: Option<PathBuf>, stop: CancellationToken) {
-    // The server saw it start, but this agent does not hold it: it restarted meanwhile.
-    let resumed = a.state == WorkerState::Running;
-    if resumed && !a.fill {
-        fail(client, &a, "the agent restarted while the worker ran").await;
-        return;
-    }
-    let mounts = match mounts(&a, data_location.as_deref()) {
-        Ok(m) => m,
-        Err(why) => return fail(client, &a, &why).await,
-    };
-    if resumed {
-        tracing::info!(worker = %a.name, "the agent restarted during this fill: filling again");
-    } else if !report_started(client, &a).await {
-        return;
-    }
-    tracing::info!(worker = %a.name, "starting");
-    let spec = Spec {
-        command: a.command.clone(),
-        args: a.args.clone(),
-        env: a.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
-        mounts,
-        time_limit: a.time_limit_seconds.map(Duration::from_secs),
-    };
-    let (tx, rx) = mpsc::channel(4 * BATCH);
-    let shipper = tokio::spawn(ship_logs(client.clone(), a.uid, rx));
-    let outcome = sandbox::run(spec, tx, stop).await;
-    let _ = shipper.await;
-    tracing::info!(worker = %a.name, outcome = %outcome.reason(), "ended");
-    let report = match outcome {
-        Outcome::Stopped => return,
-        Outcome::Exited(0) => StatusReport {
-            state: WorkerState::Completed,
-            exit_code: Some(0),
-            reason: String::new(),
-            events: vec![],
-        },
-        Outcome::Exited(code) => StatusReport {
-            state: WorkerState::Failed,
-            exit_code: Some(code),
-            reason: outcome.reason(),
-            events: vec![],
-        },
-        other => StatusReport {
-            state: WorkerState::Failed,
-            exit_code: None,
-            reason: other.reason(),
-            events: vec![],
-        },
-    };
-    report_until_heard(client, &a, &report).await;
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    Exited(i32),
+    Signalled(i32),
+    OomKilled(u64),
+    TimedOut(Duration),
+    Stopped,
 }
 
-/// Resolves each drive's folder without following symlinks out of it.
-fn mounts(a: &Assignment, data_location: Option<&Path>) -> Result<Vec<Mount>, String> {
+impl Outcome {
+    /// Human words for events and the console.
+    pub fn reason(&self) -> String {
+        match self {
+            Outcome::Exited(code) => format!("exited with code {code}"),
+            Outcome::Signalled(signal) => format!("killed by signal {signal}"),
+            Outcome::OomKilled(limit) => format!("OOMKilled: used more than its {}", binary_bytes(*limit)),
+            Outcome::TimedOut(limit) => format!("exceeded its time limit of {}s", limit.as_secs_f64()),
+            Outcome::Stopped => "stopped".to_string(),
+        }
+    }
+}
+
+/// `256 MiB`, `1.5 GiB`: memory requests are powers of two more often than not.
+fn binary_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit < UNITS.len() - 1 {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if value.fract() == 0.0 {
+        format!("{value} {}", UNITS[unit])
+    } else {
+        format!("{value:.1} {}", UNITS[unit])
+    }
+}
+
+pub async fn run(
+    client: &Client,
+    machine: &Machine,
+    a: Assignment,
+    data_location: Option<PathBuf>,
+    adopted: Option<Found>,
+    stop: CancellationToken,
+) {
+    if let Some(found) = adopted {
+        tracing::info!(worker = %a.name, container = %found.id, "the agent restarted: following the worker's container again");
+        machine.gpus.claim(&found.gpus);
+        let outcome = follow(client, machine, &a, &found.id, true, stop).await;
+        finish(client, machine, &a, &found.id, &found.gpus, outcome).await;
+        return;
+    }
+    // The server saw it start, but its container is gone: it cannot be followed again.
+    let resumed = a.state == WorkerState::Running;
+    if resumed && !a.fill {
+        fail(client, &a, "the agent restarted while the worker ran, and its container is gone").await;
+        return;
+    }
+    if resumed {
+        tracing::info!(worker = %a.name, "the agent restarted during this fill: filling again");
+    }
+    let image = match ImageRef::parse(&a.image) {
+        Ok(image) => image,
+        Err(why) => return fail(client, &a, &format!("image {why}")).await,
+    };
+    if let Err(why) = pull(client, machine, &a, &image, &stop).await {
+        if !stop.is_cancelled() {
+            fail(client, &a, &why).await;
+        }
+        return;
+    }
+    let Some(gpus) = machine.gpus.take(a.resources.gpus) else {
+        let why = format!("{} GPUs asked for, but fewer are free on this machine", a.resources.gpus);
+        return fail(client, &a, &why).await;
+    };
+    let id = match create(machine, &a, data_location.as_deref(), &image, &gpus).await {
+        Ok(id) => id,
+        Err(why) => {
+            machine.gpus.give_back(&gpus);
+            cleanup(machine, &a, None).await;
+            return fail(client, &a, &why).await;
+        }
+    };
+    if !resumed && !report_started(client, machine, &a, &image, &gpus).await {
+        machine.gpus.give_back(&gpus);
+        cleanup(machine, &a, Some(&id)).await;
+        return;
+    }
+    if let Err(why) = machine.podman.start(&id).await {
+        machine.gpus.give_back(&gpus);
+        cleanup(machine, &a, Some(&id)).await;
+        return fail(client, &a, &format!("cannot start its container: {why}")).await;
+    }
+    tracing::info!(worker = %a.name, container = %id, "started");
+    let outcome = follow(client, machine, &a, &id, false, stop).await;
+    finish(client, machine, &a, &id, &gpus, outcome).await;
+}
+
+/// Pulls the image unless this machine holds it (a floating tag such as `latest` is pulled
+/// every time). Retries with backoff; the worker says `Pulling image …` meanwhile.
+async fn pull(
+    client: &Client,
+    machine: &Machine,
+    a: &Assignment,
+    image: &ImageRef,
+    stop: &CancellationToken,
+) -> Result<(), String> {
+    let full = image.to_string();
+    if !image.is_floating() && machine.podman.has_image(&full).await {
+        return Ok(());
+    }
+    report_preparing(client, a, &format!("Pulling image {}", a.image)).await;
+    let mut delay = PULL_BACKOFF;
+    for attempt in 1..=PULL_ATTEMPTS {
+        let why = tokio::select! {
+            _ = stop.cancelled() => return Err("stopped".into()),
+            r = machine.podman.pull(&full, None) => match r {
+                Ok(()) => return Ok(()),
+                Err(why) => why,
+            },
+        };
+        if attempt == PULL_ATTEMPTS {
+            return Err(format!("cannot pull image {}: {why}", a.image));
+        }
+        tracing::warn!(worker = %a.name, image = %full, attempt, error = %why, "cannot pull the image; retrying");
+        tokio::select! {
+            _ = stop.cancelled() => return Err("stopped".into()),
+            _ = tokio::time::sleep(delay) => {}
+        }
+        delay *= 2;
+    }
+    unreachable!("the last attempt returns")
+}
+
+/// Binds the drives, writes the environment file and creates the container; its id.
+async fn create(
+    machine: &Machine,
+    a: &Assignment,
+    data_location: Option<&Path>,
+    image: &ImageRef,
+    gpus: &[u32],
+) -> Result<String, String> {
+    let id_base = container::id_base(a.id_slot)?;
+    let binds = binds(machine, a, data_location, id_base)?;
+    let env: Vec<(String, String)> = a.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+    let (text, env_inherited) = container::env_file_text(&env);
+    let env_file = write_env_file(&machine.state, a.uid, &text)?;
+    let logs = machine.state.join("logs");
+    std::fs::create_dir_all(&logs).map_err(|e| format!("cannot create {}: {e}", logs.display()))?;
+    let devices = if !gpus.is_empty() && gpus::cdi_has_kind(&machine.podman.config().gpu_kind) {
+        gpus.iter().map(|i| format!("{}={i}", machine.podman.config().gpu_kind)).collect()
+    } else {
+        vec![]
+    };
+    let (nofile, nproc) = machine.ulimits;
+    let spec = Container {
+        worker: a.uid,
+        hostname: a.name.clone(),
+        home: machine.home.clone(),
+        image: image.to_string(),
+        command: a.command.clone(),
+        args: a.args.clone(),
+        env_file: Some(env_file.clone()),
+        env_inherited: env_inherited.clone(),
+        binds,
+        log_file: log_file(&machine.state, a.uid),
+        limits: a.resources,
+        id_base,
+        cgroup_parent: cgroup::parent(a.uid),
+        gpus: gpus.to_vec(),
+        devices,
+        capabilities: machine.podman.config().capabilities.clone(),
+        nofile,
+        nproc,
+        stop_grace_seconds: machine.podman.config().stop_grace.as_secs(),
+    };
+    let inherited: Vec<(String, String)> =
+        env.into_iter().filter(|(k, _)| env_inherited.contains(k)).collect();
+    let created = machine.podman.create(container::create_args(&spec), &inherited).await;
+    // The values now live in the container's configuration, which only root can read.
+    let _ = std::fs::remove_file(&env_file);
+    created.map_err(|why| format!("cannot create its container: {why}"))
+}
+
+/// Each drive's folder, resolved without following symlinks and bound where podman reads it.
+fn binds(
+    machine: &Machine,
+    a: &Assignment,
+    data_location: Option<&Path>,
+    id_base: u32,
+) -> Result<Vec<Bind>, String> {
+    let dir = mounts::worker_dir(&machine.state, a.uid);
     a.mounts
         .iter()
-        .map(|m| {
+        .enumerate()
+        .map(|(n, m)| {
             let root = match &m.source {
                 MountSource::Copy { folder } => data_location
                     .ok_or("this machine has no confirmed data location")?
@@ -82,32 +234,187 @@ fn mounts(a: &Assignment, data_location: Option<&Path>) -> Result<Vec<Mount>, St
                 MountSource::Host { path } => PathBuf::from(path),
             };
             if matches!(m.source, MountSource::Copy { .. }) && !m.read_only && m.sub_path.is_empty() {
-                // A fill starts an empty copy.
+                // A fill starts an empty copy, owned by its workspace's root so it can write.
                 std::fs::create_dir_all(&root)
                     .map_err(|e| format!("cannot create {}: {e}", root.display()))?;
+                chown(&root, Some(id_base), Some(id_base))
+                    .map_err(|e| format!("cannot hand {} to the workspace: {e}", root.display()))?;
             }
-            let dir = sandbox::open_sub_path(&root, &m.sub_path)
+            let resolved = mounts::open_sub_path(&root, &m.sub_path)
                 .map_err(|e| format!("cannot mount drive {} at {}: {e}", m.drive, m.target))?;
-            Ok(Mount::dir(dir, m.target.clone(), m.read_only))
+            let source = mounts::stage(&dir, n, &resolved)?;
+            Ok(Bind { source, target: m.target.clone(), read_only: m.read_only })
         })
         .collect()
 }
 
-/// Tells the server the worker starts; false when it should not (it was stopped or moved).
-async fn report_started(client: &Client, a: &Assignment) -> bool {
-    let started = StatusReport {
-        state: WorkerState::Running,
-        exit_code: None,
-        reason: String::new(),
-        events: vec![EventReport {
-            kind: "Normal".into(),
-            reason: "Sandboxed".into(),
-            message: format!(
-                "runs in this machine's bubblewrap sandbox, not in image {}: no container runtime here",
-                a.image
-            ),
-        }],
+/// `<state>/logs/<worker>.log`: the container's output, as conmon writes it.
+fn log_file(state: &Path, worker: uuid::Uuid) -> PathBuf {
+    state.join("logs").join(format!("{worker}.log"))
+}
+
+/// `<state>/env/<worker>`, mode 0600: the worker's variables, secrets included, for podman.
+fn write_env_file(state: &Path, worker: uuid::Uuid, text: &str) -> Result<PathBuf, String> {
+    let dir = state.join("env");
+    std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    let path = dir.join(worker.to_string());
+    let _ = std::fs::remove_file(&path);
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&path)
+        .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    file.write_all(text.as_bytes()).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    Ok(path)
+}
+
+/// Ships the container's output until it ends, its time limit passes, or `stop`.
+async fn follow(
+    client: &Client,
+    machine: &Machine,
+    a: &Assignment,
+    id: &str,
+    adopted: bool,
+    stop: CancellationToken,
+) -> Outcome {
+    let (tx, rx) = mpsc::channel(4 * BATCH);
+    let shipper = tokio::spawn(ship_logs(client.clone(), a.uid, rx));
+    // A restarted agent ships what is written from now on: earlier lines went with its last life.
+    let ended = CancellationToken::new();
+    let reader = tokio::spawn({
+        let (path, ended) = (log_file(&machine.state, a.uid), ended.clone());
+        async move { output::follow_file(&path, adopted, tx, ended).await }
+    });
+    let readers = Readers { ended, reader };
+    let limit = async {
+        match a.time_limit_seconds {
+            Some(s) => tokio::time::sleep(Duration::from_secs(s)).await,
+            None => std::future::pending().await,
+        }
     };
+    let ended = tokio::select! {
+        biased;
+        code = machine.podman.wait(id) => match code {
+            Ok(code) => Some(code),
+            Err(why) => {
+                tracing::warn!(worker = %a.name, error = %why, "cannot wait for the container");
+                Some(-1)
+            }
+        },
+        () = stop.cancelled() => None,
+        () = limit => {
+            machine.podman.stop(id).await;
+            return drain(readers, shipper, Outcome::TimedOut(Duration::from_secs(a.time_limit_seconds.unwrap_or(0)))).await;
+        }
+    };
+    let outcome = match ended {
+        None => {
+            machine.podman.stop(id).await;
+            Outcome::Stopped
+        }
+        Some(SIGKILL_EXIT) if cgroup::oom_killed(a.uid, a.resources.memory_bytes) => {
+            Outcome::OomKilled(a.resources.memory_bytes)
+        }
+        Some(code) if (129..=128 + 64).contains(&code) => Outcome::Signalled(code - 128),
+        Some(code) => Outcome::Exited(code),
+    };
+    drain(readers, shipper, outcome).await
+}
+
+/// The task reading the container's log file, and how to tell it the container ended.
+struct Readers {
+    ended: CancellationToken,
+    reader: tokio::task::JoinHandle<()>,
+}
+
+/// Waits (bounded) for the last lines to be read and shipped.
+async fn drain(readers: Readers, shipper: tokio::task::JoinHandle<()>, outcome: Outcome) -> Outcome {
+    let Readers { ended, mut reader } = readers;
+    ended.cancel();
+    if tokio::time::timeout(DRAIN_TIMEOUT, &mut reader).await.is_err() {
+        reader.abort();
+    }
+    let _ = shipper.await;
+    outcome
+}
+
+/// Reports how the worker ended and removes everything of its container.
+async fn finish(
+    client: &Client,
+    machine: &Machine,
+    a: &Assignment,
+    id: &str,
+    gpus: &[u32],
+    outcome: Outcome,
+) {
+    tracing::info!(worker = %a.name, outcome = %outcome.reason(), "ended");
+    cleanup(machine, a, Some(id)).await;
+    machine.gpus.give_back(gpus);
+    let (state, exit_code, reason) = match outcome {
+        Outcome::Stopped => return,
+        Outcome::Exited(0) => (WorkerState::Completed, Some(0), String::new()),
+        Outcome::Exited(code) => (WorkerState::Failed, Some(code), outcome.reason()),
+        other => (WorkerState::Failed, None, other.reason()),
+    };
+    report_until_heard(client, a, &StatusReport { state, exit_code, reason, events: vec![] }).await;
+}
+
+/// No container, bind or cgroup outlives its worker.
+pub async fn cleanup(machine: &Machine, a: &Assignment, id: Option<&str>) {
+    if let Some(id) = id {
+        machine.podman.remove(id).await;
+    }
+    mounts::unstage(&mounts::worker_dir(&machine.state, a.uid));
+    let _ = std::fs::remove_file(machine.state.join("env").join(a.uid.to_string()));
+    let _ = std::fs::remove_file(log_file(&machine.state, a.uid));
+    cgroup::remove(a.uid);
+}
+
+async fn report_preparing(client: &Client, a: &Assignment, reason: &str) {
+    let report = StatusReport {
+        state: WorkerState::Preparing,
+        exit_code: None,
+        reason: reason.to_owned(),
+        events: vec![],
+    };
+    if let Err(e) = client.report(a.uid, &report).await {
+        tracing::warn!(worker = %a.name, error = %e, "cannot report why the worker waits");
+    }
+}
+
+/// Tells the server the worker starts; false when it should not (it was stopped or moved).
+async fn report_started(
+    client: &Client,
+    machine: &Machine,
+    a: &Assignment,
+    image: &ImageRef,
+    gpus: &[u32],
+) -> bool {
+    let mut events = vec![EventReport {
+        kind: "Normal".into(),
+        reason: "Started".into(),
+        message: format!("runs image {image} as container {}", container::name(a.uid)),
+    }];
+    if !gpus.is_empty() {
+        let list: Vec<String> = gpus.iter().map(u32::to_string).collect();
+        let kind = &machine.podman.config().gpu_kind;
+        let (level, how) = if gpus::cdi_has_kind(kind) {
+            ("Normal", format!("through CDI devices {kind}={}", list.join(",")))
+        } else {
+            (
+                "Warning",
+                format!("but this machine has no CDI spec for {kind}, so no device reaches the container"),
+            )
+        };
+        events.push(EventReport {
+            kind: level.into(),
+            reason: "GPUs".into(),
+            message: format!("given GPUs {} of this machine {how}", list.join(",")),
+        });
+    }
+    let started =
+        StatusReport { state: WorkerState::Running, exit_code: None, reason: String::new(), events };
     match client.report(a.uid, &started).await {
         Ok(ack) => ack.accepted,
         Err(e) => {
@@ -169,5 +476,26 @@ async fn send(client: &Client, worker: uuid::Uuid, batch: &mut Vec<LogLineIn>) {
     }
     if let Err(e) = client.logs(worker, std::mem::take(batch)).await {
         tracing::warn!(%worker, error = %e, "cannot upload logs; lines dropped");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reasons_read_as_words() {
+        let cases = [
+            (Outcome::Exited(3), "exited with code 3"),
+            (Outcome::Signalled(9), "killed by signal 9"),
+            (Outcome::OomKilled(256 << 20), "OOMKilled: used more than its 256 MiB"),
+            (Outcome::OomKilled(3 << 29), "OOMKilled: used more than its 1.5 GiB"),
+            (Outcome::TimedOut(Duration::from_secs(2)), "exceeded its time limit of 2s"),
+            (Outcome::TimedOut(Duration::from_millis(1500)), "exceeded its time limit of 1.5s"),
+            (Outcome::Stopped, "stopped"),
+        ];
+        for (outcome, reason) in cases {
+            assert_eq!(outcome.reason(), reason);
+        }
     }
 }

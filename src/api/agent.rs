@@ -31,7 +31,7 @@ use crate::hub;
 use crate::kept::Kept;
 use crate::protocol::{
     self, Ack, Assignment, Assignments, HeartbeatRequest, HeartbeatResponse, JoinRequest, JoinResponse,
-    LogUpload, MountSource, MountSpec, StatusReport,
+    Limits, LogUpload, MountSource, MountSpec, StatusReport,
 };
 use crate::store::{self, drives::DriveRecord, machines::Joining, workers::AssignmentRow};
 
@@ -425,6 +425,12 @@ fn assignment(
         env,
         time_limit_seconds: task.time_limit_seconds,
         mounts,
+        resources: Limits {
+            cpu_cores: task.requested_resources.cpu_cores.into(),
+            memory_bytes: task.requested_resources.memory_bytes,
+            gpus: task.requested_resources.gpus,
+        },
+        id_slot: u32::try_from(row.id_slot).map_err(anyhow::Error::from)?,
         fill: row.fill_drive.is_some(),
     })
 }
@@ -441,6 +447,7 @@ async fn report_status(
         return Ok(Json(Ack { accepted: false }));
     }
     let run = match report.state {
+        WorkerState::Preparing => store::workers::preparing(&mut tx, id, caller.id, &report.reason).await?,
         WorkerState::Running => store::workers::start(&mut tx, id, caller.id).await?,
         WorkerState::Completed | WorkerState::Failed => {
             store::workers::finish(
@@ -456,7 +463,7 @@ async fn report_status(
         other => {
             return Err(ApiError::invalid(
                 "state",
-                format!("an agent reports Running, Completed or Failed, not {other:?}"),
+                format!("an agent reports Preparing, Running, Completed or Failed, not {other:?}"),
             ));
         }
     };

@@ -99,6 +99,7 @@ async fn serve(args: &DevArgs, url: &str, interrupted: &CancellationToken) -> an
     let stop = CancellationToken::new();
     let loops = server::start_loops(&app, &args.controllers, &stop);
     let api = tokio::spawn(server::listen(listener, app, stop.clone()));
+    let runtime = agent::podman::Config::from_args(&args.runtime)?;
     let mut agents = Vec::new();
     for i in 1..=args.machines {
         let name = format!("gpu-{i:02}");
@@ -109,6 +110,7 @@ async fn serve(args: &DevArgs, url: &str, interrupted: &CancellationToken) -> an
             join: agent::host::join_request(&name, &join_token, &data, &args.machine)?,
             data_location: data,
             heartbeat_interval: Duration::from_secs(args.machine.heartbeat_interval_seconds.max(1)),
+            runtime: runtime.clone(),
         };
         let stop = stop.clone();
         agents.push(tokio::spawn(async move {

@@ -5,6 +5,7 @@ use std::collections::{BTreeMap, HashSet};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
+use super::image::ImageRef;
 use super::path::{MountPath, SubPath};
 use super::quantity::CpuCores;
 use super::{Name, Problems};
@@ -21,7 +22,8 @@ const MAX_TIME_LIMIT: u64 = 30 * 24 * 3600;
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TaskTemplate {
-    /// Recorded and shown; workers run in the machine's sandbox.
+    /// The container image the worker runs, pulled by the machine: `busybox:1.36` is
+    /// `docker.io/library/busybox:1.36`.
     #[schema(example = "busybox:1.36")]
     pub image: String,
     #[schema(example = "sh")]
@@ -130,9 +132,8 @@ fn check_text(p: &mut Problems, path: &str, value: &str, max: usize, required: b
 impl TaskTemplate {
     /// Rules serde cannot express, reported against `at` (e.g. `spec.task_template`).
     pub fn check(&self, at: &str, p: &mut Problems) {
-        check_text(p, &format!("{at}.image"), &self.image, 512, true);
-        if self.image.chars().any(char::is_whitespace) {
-            p.add(format!("{at}.image"), "must not contain whitespace");
+        if let Err(why) = ImageRef::parse(&self.image) {
+            p.add(format!("{at}.image"), why);
         }
         check_text(p, &format!("{at}.command"), &self.command, MAX_TEXT, true);
         if self.args.len() > MAX_ARGS {

@@ -248,6 +248,24 @@ pub async fn start(tx: &mut PgConnection, worker: Uuid, machine: Uuid) -> sqlx::
     .await
 }
 
+/// Says why a worker its machine holds has not started yet (its image is being pulled).
+pub async fn preparing(
+    tx: &mut PgConnection,
+    worker: Uuid,
+    machine: Uuid,
+    reason: &str,
+) -> sqlx::Result<Option<Uuid>> {
+    sqlx::query_scalar(
+        "UPDATE workers SET reason = $3
+         WHERE id = $1 AND machine_id = $2 AND state = 'Preparing' AND released RETURNING run_id",
+    )
+    .bind(worker)
+    .bind(machine)
+    .bind(reason)
+    .fetch_optional(&mut *tx)
+    .await
+}
+
 /// Ends a worker (Completed or Failed) and gives its machine's resources back, once.
 /// `machine` restricts the change to workers on that machine (an agent's report). Returns the run.
 pub async fn finish(
@@ -343,6 +361,8 @@ pub struct AssignmentRow {
     pub state: WorkerState,
     pub workspace_id: Uuid,
     pub namespace: String,
+    /// The workspace's number (`workspaces.id_slot`), for its containers' user ids.
+    pub id_slot: i32,
     pub run_id: Uuid,
     pub run_name: String,
     /// For a fill's worker: the name of the drive it fills.
@@ -352,8 +372,8 @@ pub struct AssignmentRow {
 /// The released workers of a machine that have not ended: what its agent should be running.
 pub async fn assigned_to(db: impl PgExecutor<'_>, machine: Uuid) -> sqlx::Result<Vec<AssignmentRow>> {
     sqlx::query_as(
-        "SELECT w.id, w.name, w.state, w.workspace_id, s.name AS namespace, w.run_id, r.name AS run_name,
-             fd.name AS fill_drive
+        "SELECT w.id, w.name, w.state, w.workspace_id, s.name AS namespace, s.id_slot, w.run_id,
+             r.name AS run_name, fd.name AS fill_drive
          FROM workers w JOIN runs r ON r.id = w.run_id JOIN workspaces s ON s.id = w.workspace_id
          LEFT JOIN drives fd ON fd.id = r.fill_drive_id
          WHERE w.machine_id = $1 AND w.released AND w.state IN ('Preparing', 'Running')

@@ -27,6 +27,22 @@ use tokio_util::sync::CancellationToken;
 
 pub use serde_json::json;
 
+#[path = "../images/mod.rs"]
+pub mod images;
+
+/// How the in-process agents run containers: podman and runc from PATH, docker.io sent to the
+/// tests' own registry (tests/images), a short stop grace.
+pub fn runtime() -> agent::podman::Config {
+    agent::podman::Config {
+        podman: "/usr/bin/podman".into(),
+        runc: "/usr/sbin/runc".into(),
+        registries_conf: Some(images::images().registries_conf.clone()),
+        capabilities: vec![],
+        gpu_kind: "nvidia.com/gpu".into(),
+        stop_grace: Duration::from_secs(2),
+    }
+}
+
 /// How long any wait may take before the test fails: generous, the machine is shared.
 pub const PATIENCE: Duration = Duration::from_secs(60);
 const POLL: Duration = Duration::from_millis(100);
@@ -248,10 +264,29 @@ pub struct Machine {
     task: JoinHandle<()>,
 }
 
+impl Drop for Machine {
+    /// An agent dropped with its test leaves its containers: they go before their folders.
+    fn drop(&mut self) {
+        self.stop.cancel();
+        self.task.abort();
+        images::remove_machine_leftovers(self.data.path());
+    }
+}
+
 impl Machine {
     /// `<data location>/drives/<folder>`: where the agent keeps a copy.
     pub fn copy_dir(&self, folder: &str) -> PathBuf {
         self.data.path().join("drives").join(folder)
+    }
+
+    /// Lets a gated fill finish (`GATED_MARKER`), once its container has made its copy.
+    pub async fn open_gate(&self, folder: &str) {
+        let copy = self.copy_dir(folder);
+        eventually(&format!("the fill of {folder} has begun"), || async {
+            if copy.is_dir() { Ok(()) } else { Err("no copy yet".into()) }
+        })
+        .await;
+        std::fs::write(copy.join("gate"), "").unwrap();
     }
 }
 
@@ -347,6 +382,7 @@ impl Cluster {
             join: agent::host::join_request(name, &self.join_token, data.path(), &args).unwrap(),
             data_location: data.path().to_path_buf(),
             heartbeat_interval: Duration::from_secs(1),
+            runtime: runtime(),
         };
         let stop = self.stop.child_token();
         let task = tokio::spawn({
@@ -426,9 +462,9 @@ impl Cluster {
     /// can be dropped.
     pub async fn stop(mut self) {
         self.stop.cancel();
-        for m in self.machines.drain(..) {
+        for mut m in self.machines.drain(..) {
             m.stop.cancel();
-            let _ = tokio::time::timeout(Duration::from_secs(10), m.task).await;
+            let _ = tokio::time::timeout(Duration::from_secs(10), &mut m.task).await;
         }
         for r in self.replicas.drain(..) {
             for t in r.tasks {

@@ -18,6 +18,14 @@ use tempfile::TempDir;
 
 pub use serde_json::json;
 
+#[path = "../images/mod.rs"]
+pub mod images;
+
+/// The registries file that sends docker.io to the tests' own registry (tests/images).
+pub fn registries_conf() -> &'static Path {
+    &images::images().registries_conf
+}
+
 /// How long any wait in these tests may take before it fails.
 pub const PATIENCE: Duration = Duration::from_secs(30);
 const POLL: Duration = Duration::from_millis(100);
@@ -376,6 +384,8 @@ pub struct Cluster {
     /// The signing key and the children's logs.
     pub dir: TempDir,
     join_token: String,
+    /// More flags for the agents started from now on (`--gpus 2`, `--gpu-kind …`).
+    pub agent_args: Vec<String>,
 }
 
 impl Drop for Cluster {
@@ -396,6 +406,15 @@ pub struct Agent {
     pub proc: Proc,
     /// The data location it proposed.
     pub data: TempDir,
+}
+
+impl Drop for Agent {
+    /// A killed agent leaves its containers running (a restarted one follows them again): the
+    /// test removes them, and the binds of their drives, before their folders go.
+    fn drop(&mut self) {
+        self.proc.kill();
+        images::remove_machine_leftovers(self.data.path());
+    }
 }
 
 impl Cluster {
@@ -433,7 +452,7 @@ impl Cluster {
         ]);
         let api = Api::new(&base, &token);
         let join_token = api.join_token().await;
-        Cluster { agents: vec![], server, api, database_url, dir, join_token }
+        Cluster { agents: vec![], server, api, database_url, dir, join_token, agent_args: vec![] }
     }
 
     /// Starts `astraeus agent --name name` (2 cores, 4 GiB, a heartbeat a second), waits for it
@@ -457,6 +476,8 @@ impl Cluster {
             .arg("--data-location")
             .arg(data)
             .args(["--cpus", "2", "--memory", "4294967296", "--heartbeat-interval-seconds", "1"])
+            .args(&self.agent_args)
+            .env("CONTAINERS_REGISTRIES_CONF", registries_conf())
             .env_remove("DATABASE_URL");
         let log = self.dir.path().join(format!("{name}-{life}.log"));
         Proc::spawn(&format!("agent {name}"), &mut cmd, log)

@@ -1,0 +1,136 @@
+//! A worker's drives as folders podman can bind: resolved inside their copy or host path
+//! without following symlinks, then bound at a path of the agent's own.
+//!
+//! Podman (and runc after it) looks a bind's source up again when the container is made. A
+//! worker that can write to a drive could swap a folder on the way for a symlink in between,
+//! so podman is never handed a path inside a drive: the folder the agent opened is bound (by
+//! its descriptor) at `<state>/mounts/<worker>/<n>`, a path no worker can reach.
+
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+
+use rustix::fs::{AtFlags, CWD, FileType, Mode, OFlags};
+use rustix::io::Errno;
+use rustix::mount::UnmountFlags;
+
+/// A directory inside a drive, held open so it can be bound without a second lookup.
+#[derive(Debug)]
+pub struct ResolvedDir {
+    fd: OwnedFd,
+    path: PathBuf,
+}
+
+impl ResolvedDir {
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+/// Resolves `sub_path` (relative, already validated: no `..`, no empty components) inside `root`
+/// without following any symlink, so the result can never leave `root`. Errors name the component.
+pub fn resolve_sub_path(root: &Path, sub_path: &str) -> Result<PathBuf, String> {
+    open_sub_path(root, sub_path).map(|dir| dir.path)
+}
+
+/// Like `resolve_sub_path`, but keeps the final directory open for `stage`.
+pub fn open_sub_path(root: &Path, sub_path: &str) -> Result<ResolvedDir, String> {
+    // O_PATH: only a handle for lookups and binding, no read permission needed.
+    let flags = OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC;
+    let mut dir = rustix::fs::openat(CWD, root, flags, Mode::empty())
+        .map_err(|e| format!("root {}: {e}", root.display()))?;
+    // An empty sub_path is the root itself.
+    for name in sub_path.split('/').filter(|_| !sub_path.is_empty()) {
+        // Validated upstream; checked again because escaping `root` is what this function prevents.
+        if name.is_empty() || name == "." || name == ".." {
+            return Err(format!("sub_path {sub_path}: {name:?} is not a plain name"));
+        }
+        let next = rustix::fs::openat(&dir, name, flags | OFlags::NOFOLLOW, Mode::empty())
+            .map_err(|e| format!("sub_path {sub_path}: {name:?} {}", why_not_dir(&dir, name, e)))?;
+        dir = next;
+    }
+    let path = if sub_path.is_empty() { root.to_path_buf() } else { root.join(sub_path) };
+    Ok(ResolvedDir { fd: dir, path })
+}
+
+/// Turns a failed open into words: the errno alone (ELOOP, ENOTDIR) is cryptic.
+fn why_not_dir(dir: &OwnedFd, name: &str, err: Errno) -> String {
+    match rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW) {
+        Ok(st) => match FileType::from_raw_mode(st.st_mode) {
+            FileType::Symlink => "is a symbolic link".to_string(),
+            FileType::Directory => err.to_string(),
+            _ => "is not a directory".to_string(),
+        },
+        Err(Errno::NOENT) => "does not exist".to_string(),
+        Err(_) => err.to_string(),
+    }
+}
+
+/// Where a worker's drives are bound for podman.
+pub fn worker_dir(state: &Path, worker: uuid::Uuid) -> PathBuf {
+    state.join("mounts").join(worker.to_string())
+}
+
+/// Binds the opened `dir` at `<worker_dir>/<n>` and returns that path.
+pub fn stage(worker_dir: &Path, n: usize, dir: &ResolvedDir) -> Result<PathBuf, String> {
+    let at = worker_dir.join(n.to_string());
+    std::fs::create_dir_all(&at).map_err(|e| format!("cannot create {}: {e}", at.display()))?;
+    // The kernel resolves /proc/self/fd/N to the open directory itself, not to its path.
+    let source = format!("/proc/self/fd/{}", dir.fd.as_raw_fd());
+    rustix::mount::mount_bind(source.as_str(), &at)
+        .map_err(|e| format!("cannot bind {} at {}: {e}", dir.path.display(), at.display()))?;
+    Ok(at)
+}
+
+/// Undoes `stage` for every drive of a worker. Each bind is unmounted before its folder is
+/// removed, and only empty folders are removed: a recursive removal here would go through a
+/// bind that failed to unmount and delete the drive's data.
+pub fn unstage(worker_dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(worker_dir) else { return };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        match rustix::mount::unmount(&path, UnmountFlags::DETACH) {
+            Ok(()) | Err(Errno::INVAL) | Err(Errno::NOENT) => {}
+            Err(e) => tracing::warn!(path = %path.display(), error = %e, "cannot unmount a drive's bind"),
+        }
+        let _ = std::fs::remove_dir(&path);
+    }
+    let _ = std::fs::remove_dir(worker_dir);
+}
+
+/// Undoes `stage` for every worker not in `keep`: binds left by an agent that stopped.
+pub fn unstage_all_but(state: &Path, keep: &[uuid::Uuid]) {
+    let Ok(entries) = std::fs::read_dir(state.join("mounts")) else { return };
+    for entry in entries.flatten() {
+        let kept =
+            entry.file_name().to_str().and_then(|n| n.parse().ok()).is_some_and(|id| keep.contains(&id));
+        if !kept {
+            unstage(&entry.path());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_sub_path_through_a_symlink_is_refused_with_the_component_named() {
+        let root = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(root.path().join("a/b")).unwrap();
+        std::os::unix::fs::symlink("/", root.path().join("esc")).unwrap();
+        std::fs::write(root.path().join("file"), "").unwrap();
+        assert_eq!(resolve_sub_path(root.path(), "a/b").unwrap(), root.path().join("a/b"));
+        assert_eq!(resolve_sub_path(root.path(), "").unwrap(), root.path());
+        let cases = [
+            ("esc", "\"esc\" is a symbolic link"),
+            ("esc/etc", "\"esc\" is a symbolic link"),
+            ("file", "\"file\" is not a directory"),
+            ("nope", "\"nope\" does not exist"),
+            ("a/../..", "\"..\" is not a plain name"),
+        ];
+        for (sub, why) in cases {
+            let err = resolve_sub_path(root.path(), sub).unwrap_err();
+            assert!(err.ends_with(why), "{sub}: {err}");
+        }
+    }
+}

@@ -1,0 +1,250 @@
+//! Workers as containers, tried as a tenant with an editor token would: the real server, agent
+//! and podman, images from the tests' own registry. Each test is an attack or a limit that must
+//! hold.
+
+mod common;
+
+use std::os::unix::fs::PermissionsExt;
+
+use common::*;
+use reqwest::StatusCode;
+use serde_json::Value;
+use sqlx::PgPool;
+use tempfile::TempDir;
+
+/// A folder granted to the workspace and drive `tools` over it, mounted at /tools read-only.
+async fn host_drive(api: &Api) -> TempDir {
+    let host = open_tempdir();
+    api.grant_host_paths(&[host.path()]).await;
+    api.create_drive(&json!({
+        "metadata": {"name": "tools"},
+        "spec": {"sources": [{
+            "node_scope": "shared", "path": host.path(), "mount_path": "/tools", "mode": "ReadOnly"
+        }]}
+    }))
+    .await;
+    host
+}
+
+async fn events(api: &Api, object: &str) -> Vec<Value> {
+    let reply = api.get(&format!("/events?object={object}")).await.expect(StatusCode::OK);
+    reply["items"].as_array().cloned().unwrap_or_default()
+}
+
+#[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
+async fn a_worker_sees_its_image_and_drives_and_nothing_of_the_host(pool: PgPool) {
+    let cluster = Cluster::start(&pool).await;
+    let api = &cluster.api;
+    let host = host_drive(api).await;
+    // What a fill could leave in a copy: programs named like the host's tools, each of which
+    // would leave a mark on the host if the host ever ran it.
+    let mark = host.path().join("ran-on-the-host");
+    let bin = host.path().join("bin");
+    std::fs::create_dir(&bin).unwrap();
+    for tool in ["podman", "runc", "bwrap", "conmon", "sh"] {
+        let fake = bin.join(tool);
+        std::fs::write(&fake, format!("#!/bin/sh\ntouch {}\nexec /bin/{tool} \"$@\"\n", mark.display()))
+            .unwrap();
+        std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let script = "for p in /usr/bin/podman /usr/lib/postgresql /root/.cargo /etc/postgresql /etc/shadow; do \
+                  [ -e $p ] && echo visible $p; done; grep Cap /proc/self/status; cat /proc/self/uid_map; echo done";
+    let mut run = sh_run("look", script);
+    run["spec"]["task_template"]["env"] = json!({"PATH": "/tools/bin:/bin", "LD_PRELOAD": "/tools/bin/sh"});
+    run["spec"]["task_template"]["datavolume_refs"] = json!([{"name": "tools"}]);
+    api.create_run(&run).await;
+
+    let run = api.wait_run_ended("look").await;
+    let logs = api.logs("look-0").await;
+    assert_eq!(run["status"]["state"], "Completed", "{run}\n{logs}");
+    assert!(!mark.exists(), "a program of the worker's ran on the host");
+    assert!(!logs.contains("visible"), "{logs}");
+    assert!(logs.contains("CapEff:\t0000000000000000"), "capabilities kept: {logs}");
+    // Root inside is 2^31 + 65536 × n outside: not the host's root.
+    let map: Vec<&str> =
+        logs.lines().find(|l| l.trim().starts_with('0')).unwrap().split_whitespace().collect();
+    assert_eq!(map[0], "0");
+    assert!(map[1].parse::<u64>().unwrap() >= 1 << 31, "{logs}");
+    assert!(logs.ends_with("done\n"), "{logs}");
+}
+
+#[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
+async fn a_worker_cannot_reach_the_hosts_loopback_services(pool: PgPool) {
+    let cluster = Cluster::start(&pool).await;
+    let api = &cluster.api;
+    // The API itself listens on the host's 127.0.0.1; 10.0.2.2 is the user-mode network's way
+    // to the host, which is closed.
+    let port = reqwest::Url::parse(&api.base).unwrap().port().unwrap();
+    let script = format!(
+        "for a in 127.0.0.1 10.0.2.2; do if echo | nc -w 2 $a {port}; then echo reached $a; \
+         else echo closed $a; fi; done"
+    );
+    api.create_run(&sh_run("probe", &script)).await;
+
+    let run = api.wait_run_ended("probe").await;
+    let logs = api.logs("probe-0").await;
+    assert_eq!(run["status"]["state"], "Completed", "{run}\n{logs}");
+    assert!(logs.contains("closed 127.0.0.1") && logs.contains("closed 10.0.2.2"), "{logs}");
+    assert!(!logs.contains("reached"), "{logs}");
+}
+
+#[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
+async fn a_worker_over_its_memory_is_killed_and_says_so(pool: PgPool) {
+    let cluster = Cluster::start(&pool).await;
+    let api = &cluster.api;
+    let mut run = sh_run("hog", "echo start; x=$(head -c 200000000 /dev/zero | tr '\\0' a); echo ${#x}");
+    run["spec"]["task_template"]["requested_resources"]["memory_bytes"] = json!(67108864);
+    api.create_run(&run).await;
+
+    let run = api.wait_run_ended("hog").await;
+    assert_eq!(run["status"]["state"], "Failed", "{run}");
+    let worker = api.worker("hog-0").await;
+    assert_eq!(worker["status"]["reason"], "OOMKilled: used more than its 64 MiB", "{worker}");
+    assert_eq!(api.logs("hog-0").await, "start\n");
+    // Nothing of its container is left: no cgroup in any hierarchy.
+    let uid = worker["metadata"]["uid"].as_str().unwrap().to_owned();
+    eventually("the worker's cgroups are gone", || async {
+        let left: Vec<_> = std::fs::read_dir("/sys/fs/cgroup")
+            .unwrap()
+            .flatten()
+            .map(|h| h.path().join("astraeus").join(&uid))
+            .chain([std::path::Path::new("/sys/fs/cgroup/astraeus").join(&uid)])
+            .filter(|p| p.exists())
+            .collect();
+        if left.is_empty() { Ok(()) } else { Err(format!("{left:?}")) }
+    })
+    .await;
+}
+
+#[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
+async fn an_image_that_cannot_be_pulled_fails_its_worker_with_podmans_reason(pool: PgPool) {
+    let cluster = Cluster::start(&pool).await;
+    let api = &cluster.api;
+    // Nothing listens on port 9 of loopback: every pull is refused at once.
+    let image = "127.0.0.1:9/nope:1";
+    let mut run = sh_run("nope", "true");
+    run["spec"]["task_template"]["image"] = json!(image);
+    api.create_run(&run).await;
+
+    let pulling = eventually("the worker says it pulls", || async move {
+        let w = api.worker("nope-0").await;
+        let reason = w["status"]["reason"].as_str().unwrap_or_default().to_owned();
+        if reason.starts_with("Pulling image") { Ok(reason) } else { Err(w["status"].to_string()) }
+    })
+    .await;
+    assert_eq!(pulling, format!("Pulling image {image}"));
+    assert_eq!(api.worker("nope-0").await["status"]["state"], "Preparing");
+    let run = api.wait_run_ended("nope").await;
+    assert_eq!(run["status"]["state"], "Failed", "{run}");
+    let reason = api.worker("nope-0").await["status"]["reason"].as_str().unwrap().to_owned();
+    assert!(reason.starts_with(&format!("cannot pull image {image}: ")), "{reason}");
+    assert!(reason.contains("connection refused"), "{reason}");
+}
+
+#[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
+async fn a_malformed_image_is_refused_naming_the_field(pool: PgPool) {
+    let cluster = Cluster::server_only(&pool).await;
+    let mut run = sh_run("bad", "true");
+    run["spec"]["task_template"]["image"] = json!("Busybox:1.36");
+    let reply = cluster.api.post("/runs", &run).await;
+    assert_eq!(reply.status, StatusCode::UNPROCESSABLE_ENTITY, "{}", reply.text);
+    let body = reply.json();
+    assert_eq!(body["error"]["fields"][0]["path"], "spec.task_template.image", "{body}");
+    assert!(cluster.api.runs(true).await.is_empty());
+}
+
+#[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
+async fn secrets_reach_the_container_but_no_command_line(pool: PgPool) {
+    let cluster = Cluster::start(&pool).await;
+    let api = &cluster.api;
+    let value = "s3cr3t-2f9d41c7";
+    api.create_secret(
+        &json!({"metadata": {"name": "hf"}, "data": {"HF_TOKEN": value, "PEM": "line1\nline2"}}),
+    )
+    .await;
+    let mut run =
+        sh_run("secretive", "echo token of ${#HF_TOKEN} characters; echo \"$PEM\" | wc -l; sleep 3.313");
+    run["spec"]["task_template"]["secret_refs"] = json!([{"name": "hf"}]);
+    api.create_run(&run).await;
+    api.wait_worker("secretive-0", "Running").await;
+    eventually("the worker runs", || async {
+        if process_running("sleep 3.313") { Ok(()) } else { Err("no".into()) }
+    })
+    .await;
+    let leaked: Vec<String> = command_lines().into_iter().filter(|c| c.contains(value)).collect();
+    assert!(leaked.is_empty(), "{leaked:?}");
+    let env_files = cluster.agents[0].data.path().join(".agent/env");
+    let left: Vec<_> = std::fs::read_dir(&env_files).map(|d| d.flatten().collect()).unwrap_or_default();
+    assert!(left.is_empty(), "environment files left: {left:?}");
+
+    let run = api.wait_run_ended("secretive").await;
+    let logs = api.logs("secretive-0").await;
+    assert_eq!(run["status"]["state"], "Completed", "{run}\n{logs}");
+    assert_eq!(logs, format!("token of {} characters\n2\n", value.len()));
+}
+
+#[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
+async fn gpus_reach_workers_through_cdi_one_worker_each(pool: PgPool) {
+    // A stand-in device: its container edits set a variable the worker prints.
+    let kind = format!("astraeus-test-{}.example/gpu", std::process::id());
+    let spec_dir = std::path::Path::new("/var/run/cdi");
+    std::fs::create_dir_all(spec_dir).unwrap();
+    let spec_file = spec_dir.join(format!("astraeus-test-{}.json", std::process::id()));
+    let devices: Vec<Value> = (0..2)
+        .map(|i| json!({"name": i.to_string(), "containerEdits": {"env": [format!("STAND_IN_GPU={i}")]}}))
+        .collect();
+    std::fs::write(&spec_file, json!({"cdiVersion": "0.5.0", "kind": kind, "devices": devices}).to_string())
+        .unwrap();
+    struct Remove(std::path::PathBuf);
+    impl Drop for Remove {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+    let _spec = Remove(spec_file);
+
+    let mut cluster = Cluster::server_only(&pool).await;
+    cluster.agent_args = ["--gpus", "2", "--gpu-kind", &kind].map(String::from).to_vec();
+    cluster.add_agent("gpu-01").await;
+    let api = &cluster.api;
+    let mut run = sh_run("pair", "echo gpu=$STAND_IN_GPU; sleep 2.5");
+    run["spec"]["replicas"] = json!(2);
+    run["spec"]["task_template"]["requested_resources"]["gpus"] = json!(1);
+    api.create_run(&run).await;
+
+    let run = api.wait_run_ended("pair").await;
+    assert_eq!(run["status"]["state"], "Completed", "{run}");
+    let mut seen = vec![api.logs("pair-0").await, api.logs("pair-1").await];
+    seen.sort();
+    assert_eq!(seen, ["gpu=0\n", "gpu=1\n"]);
+    let said: Vec<String> = events(api, "worker/pair-0")
+        .await
+        .iter()
+        .filter(|e| e["reason"] == "GPUs")
+        .map(|e| e["message"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(said.len(), 1, "{said:?}");
+    assert!(said[0].contains(&format!("through CDI devices {kind}=")), "{said:?}");
+}
+
+#[test]
+fn a_sub_path_swapped_for_a_symlink_after_its_check_still_binds_what_was_checked() {
+    use astraeus::agent::mounts;
+    let drive = open_tempdir();
+    let state = open_tempdir();
+    std::fs::create_dir_all(drive.path().join("train/shards")).unwrap();
+    std::fs::write(drive.path().join("train/shards/0.parquet"), "checked").unwrap();
+    let resolved = mounts::open_sub_path(drive.path(), "train/shards").unwrap();
+    // A worker with the drive read-write swaps a folder on the way for a link to the host's root.
+    std::fs::rename(drive.path().join("train"), drive.path().join("moved")).unwrap();
+    std::os::unix::fs::symlink("/", drive.path().join("train")).unwrap();
+    std::fs::create_dir_all(drive.path().join("moved/shards")).unwrap();
+
+    let worker = mounts::worker_dir(state.path(), uuid::Uuid::now_v7());
+    let bound = mounts::stage(&worker, 0, &resolved).unwrap();
+    let seen = std::fs::read_dir(&bound).unwrap().flatten().map(|e| e.file_name()).collect::<Vec<_>>();
+    mounts::unstage(&worker);
+    assert_eq!(seen, ["0.parquet"]);
+    assert!(!worker.exists(), "the bind and its folder are gone");
+    assert_eq!(std::fs::read_to_string(drive.path().join("moved/shards/0.parquet")).unwrap(), "checked");
+}

@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 use super::client::Client;
 use super::container::{self, Bind, Container};
 use super::output::{self, LogLine, Stream};
-use super::podman::Found;
+use super::podman::{Found, State};
 use super::{Machine, cgroup, gpus, mounts};
 use crate::domain::image::ImageRef;
 use crate::domain::run::WorkerState;
@@ -76,11 +76,16 @@ pub async fn run(
     stop: CancellationToken,
 ) {
     if let Some(found) = adopted {
-        tracing::info!(worker = %a.name, container = %found.id, "the agent restarted: following the worker's container again");
-        machine.gpus.claim(&found.gpus);
-        let outcome = follow(client, machine, &a, &found.id, true, stop).await;
-        finish(client, machine, &a, &found.id, &found.gpus, outcome).await;
-        return;
+        if machine.podman.state(&found.id).await == Ok(State::Created) {
+            // Made but never started: the agent stopped in between. Start over.
+            cleanup(machine, &a, Some(&found.id)).await;
+        } else {
+            tracing::info!(worker = %a.name, container = %found.id, "the agent restarted: following the worker's container again");
+            machine.gpus.claim(&found.gpus);
+            let outcome = follow(client, machine, &a, &found.id, true, stop).await;
+            finish(client, machine, &a, &found.id, &found.gpus, outcome).await;
+            return;
+        }
     }
     // The server saw it start, but its container is gone: it cannot be followed again.
     let resumed = a.state == WorkerState::Running;

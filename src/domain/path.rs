@@ -111,6 +111,10 @@ impl MountPath {
         if RESERVED.contains(&first) {
             return Err(format!("{s:?} is inside /{first}, which the sandbox keeps for itself"));
         }
+        // podman's volume syntax (`source:target:ro`) separates with these.
+        if s.contains([':', ',']) {
+            return Err(format!("{s:?} must not contain ':' or ','"));
+        }
         Ok(MountPath(path))
     }
 

@@ -175,6 +175,7 @@ async fn mount_paths_must_be_absolute_and_off_system_folders(db: sqlx::PgPool) {
             (|d| d["spec"]["sources"][0]["mount_path"] = json!("/"), 422, at, "must not be '/'"),
             (|d| d["spec"]["sources"][0]["mount_path"] = json!("/proc/x"), 422, at, "inside /proc"),
             (|d| d["spec"]["sources"][0]["mount_path"] = json!("/data/../etc"), 422, at, "'..'"),
+            (|d| d["spec"]["sources"][0]["mount_path"] = json!("/data:rw"), 422, at, "must not contain ':'"),
         ],
     )
     .await;

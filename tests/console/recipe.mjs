@@ -31,13 +31,15 @@ if (!BASE || !TOKEN) {
 mkdirSync(ARTIFACTS, { recursive: true });
 
 // The recipe's drive, with a fill that needs no internet: three small parquet-named files, a pause
-// so the copy is seen filling, then the marker, last.
+// so the copy is seen filling, then the marker, last. It runs in busybox, from the tests' own
+// registry (the download needs Python and the network).
 const LOCAL_FILL =
   'set -e; mkdir -p /drive/food101/data; for i in 0 1 2; do head -c 100000 /dev/urandom > ' +
   '/drive/food101/data/train-0000$i-of-00008.parquet; done; sleep 10; echo /drive/food101; ' +
   'touch /drive/.astralyx-filled';
 const drive = JSON.parse(readFileSync(join(repo, 'examples', 'drive.json'), 'utf8'));
 drive.spec.fill.template.args = ['-c', LOCAL_FILL];
+drive.spec.fill.template.image = 'busybox:1.36';
 const inspect = JSON.parse(readFileSync(join(repo, 'examples', 'inspect.json'), 'utf8'));
 const inspectScript = inspect.spec.task_template.args[1];
 

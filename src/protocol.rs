@@ -48,6 +48,21 @@ pub struct HeartbeatRequest {
     pub data_location: DataUsage,
     #[serde(default)]
     pub copies: Vec<CopyReport>,
+    /// The container images the machine holds; sent only when they changed since the last
+    /// heartbeat the server answered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub images: Option<Vec<ImageReport>>,
+}
+
+/// A container image the machine holds.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ImageReport {
+    /// Its first name, such as `docker.io/library/busybox:1.36`; `<none>` when it has none.
+    pub name: String,
+    /// The manifest's digest, `sha256:…`.
+    pub digest: String,
+    pub bytes: u64,
 }
 
 #[derive(Debug, Default, Deserialize, Serialize)]
@@ -119,6 +134,9 @@ pub struct Assignment {
     /// is whole only once it writes the marker); any other worker fails.
     #[serde(default)]
     pub fill: bool,
+    /// The registry auth file from the task's image_pull_secret; absent when it has none.
+    #[serde(default)]
+    pub image_pull_auth: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize)]

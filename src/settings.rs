@@ -125,6 +125,10 @@ pub struct RuntimeArgs {
     /// (/etc/containers/registries.conf) when unset.
     #[arg(long, env = "CONTAINERS_REGISTRIES_CONF")]
     pub registries_conf: Option<PathBuf>,
+    /// The storage file podman reads (where images and containers live); podman's own default
+    /// when unset.
+    #[arg(long, env = "CONTAINERS_STORAGE_CONF")]
+    pub storage_conf: Option<PathBuf>,
     /// Capabilities workers keep, e.g. CHOWN,DAC_OVERRIDE; all others are dropped.
     #[arg(long, value_delimiter = ',')]
     pub allow_capabilities: Vec<String>,
@@ -134,6 +138,10 @@ pub struct RuntimeArgs {
     /// Seconds a stopped worker has between SIGTERM and SIGKILL.
     #[arg(long, default_value_t = 10)]
     pub stop_grace_seconds: u64,
+    /// Free bytes to keep where podman stores images: below it, images no container uses are
+    /// removed, least recently used first.
+    #[arg(long, default_value_t = 10 << 30)]
+    pub image_keep_free_bytes: u64,
 }
 
 /// What a machine advertises; the host's cores and memory unless given.

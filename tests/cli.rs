@@ -287,10 +287,15 @@ async fn the_recipes_runs_logs_and_delete_lines_print_what_the_recipe_shows(pool
     assert!(lines[0].ends_with("/data/food101"), "{logs}");
     assert!(lines.contains(&"a.parquet"), "{logs}");
     // busybox's own words: the run's image, pulled through the test registry's docker.io mirror.
-    assert_eq!(
-        lines[lines.len() - 2..],
-        ["touch: /data/should-fail: Read-only file system", "read-only, as asked"]
-    );
+    // busybox's own words on stderr, then the script's on stdout: each stream keeps its order,
+    // the two may interleave (conmon reads them from two pipes).
+    let mut last = lines[lines.len() - 2..].to_vec();
+    last.sort();
+    assert_eq!(last, ["read-only, as asked", "touch: /data/should-fail: Read-only file system"], "{logs}");
+    // The machine lists the image it pulled for the run.
+    let machine = dev.ok(&["astraeus", "describe", "machine", "gpu-01"]);
+    let images = machine.split("Images:").nth(1).unwrap_or_default();
+    assert!(images.contains("docker.io/library/busybox:1.36"), "{machine}");
 
     // Step 4: the same run under another name, then every run, most recently changed first.
     let again = example("inspect.json").replace("\"inspect-food101\"", "\"inspect-food101-2\"");

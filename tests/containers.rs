@@ -184,6 +184,57 @@ async fn secrets_reach_the_container_but_no_command_line(pool: PgPool) {
 }
 
 #[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
+async fn an_image_pull_secret_reaches_the_pull_only_and_leaves_no_file(pool: PgPool) {
+    use base64::Engine;
+    let registry = &common::images::images().registry;
+    // The tests' registry speaks plain HTTP: pulled by its own name, it must be marked insecure.
+    let conf_dir = open_tempdir();
+    let conf = conf_dir.path().join("registries.conf");
+    let mut text = std::fs::read_to_string(registries_conf()).unwrap();
+    text.push_str(&format!("\n[[registry]]\nlocation = \"{registry}\"\ninsecure = true\n"));
+    std::fs::write(&conf, text).unwrap();
+    let mut cluster = Cluster::server_only(&pool).await;
+    cluster.agent_args = vec!["--registries-conf".into(), conf.display().to_string()];
+    cluster.add_agent("gpu-01").await;
+    let api = &cluster.api;
+
+    // The registry asks for no credentials and takes any.
+    let credential = base64::engine::general_purpose::STANDARD.encode("puller:pw-8c1e5b77d2");
+    let auth_json = json!({"auths": {registry.as_str(): {"auth": credential}}}).to_string();
+    api.create_secret(&json!({"metadata": {"name": "registry"}, "data": {"AUTH_JSON": auth_json}})).await;
+    // The host's podman storage is the agent's: without the image there, the agent pulls it.
+    let image = format!("{registry}/library/busybox:1.36");
+    let remove_image = || {
+        let _ = std::process::Command::new("/usr/bin/podman")
+            .args(["rmi", "--force", "--ignore", &image])
+            .stdout(std::process::Stdio::null())
+            .status();
+    };
+    remove_image();
+    let mut run = sh_run("private", "echo AUTH_JSON=${AUTH_JSON:-unset}");
+    run["spec"]["task_template"]["image"] = json!(image);
+    run["spec"]["task_template"]["image_pull_secret"] = json!("registry");
+    api.create_run(&run).await;
+
+    let run = api.wait_run_ended("private").await;
+    let logs = api.logs("private-0").await;
+    assert_eq!(run["status"]["state"], "Completed", "{run}\n{logs}");
+    // The secret's keys are not the worker's variables: it is not among its secret_refs.
+    assert_eq!(logs, "AUTH_JSON=unset\n");
+    let auth_dir = cluster.agents[0].data.path().join(".agent/auth");
+    let mode = std::fs::metadata(&auth_dir).expect("the auth folder was made").permissions().mode();
+    assert_eq!(mode & 0o777, 0o700, "{mode:o}");
+    let left: Vec<_> = std::fs::read_dir(&auth_dir).unwrap().flatten().map(|e| e.path()).collect();
+    assert!(left.is_empty(), "auth files left: {left:?}");
+    let agent_log = cluster.agents[0].proc.log_text();
+    for secret in [credential.as_str(), "pw-8c1e5b77d2"] {
+        assert!(!agent_log.contains(secret), "the agent logged the credential");
+        assert!(!logs.contains(secret), "the worker saw the credential");
+    }
+    remove_image();
+}
+
+#[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
 async fn gpus_reach_workers_through_cdi_one_worker_each(pool: PgPool) {
     // A stand-in device: its container edits set a variable the worker prints.
     let kind = format!("astraeus-test-{}.example/gpu", std::process::id());
@@ -247,4 +298,62 @@ fn a_sub_path_swapped_for_a_symlink_after_its_check_still_binds_what_was_checked
     assert_eq!(seen, ["0.parquet"]);
     assert!(!worker.exists(), "the bind and its folder are gone");
     assert_eq!(std::fs::read_to_string(drive.path().join("moved/shards/0.parquet")).unwrap(), "checked");
+}
+
+/// The machine's images as its API shows them: `(name, digest, bytes)`.
+async fn machine_images(api: &Api) -> Vec<(String, String, u64)> {
+    let machine = api.machine("gpu-01").await;
+    machine["images"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no images in {machine}"))
+        .iter()
+        .map(|i| {
+            (
+                i["name"].as_str().unwrap().into(),
+                i["digest"].as_str().unwrap().into(),
+                i["bytes"].as_u64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+#[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
+async fn a_machine_lists_its_images_and_removes_unused_ones_when_its_disk_is_short(pool: PgPool) {
+    // A storage of the agent's own, so that removing images touches no other test's; and a
+    // disk that is always short (keep more free bytes than any disk has).
+    let store = open_tempdir();
+    let storage_conf = store.path().join("storage.conf");
+    let conf = format!(
+        "[storage]\ndriver = \"vfs\"\ngraphroot = \"{0}/graph\"\nrunroot = \"{0}/run\"\n",
+        store.path().display()
+    );
+    std::fs::write(&storage_conf, conf).unwrap();
+    let mut cluster = Cluster::server_only(&pool).await;
+    cluster.agent_args = vec!["--image-keep-free-bytes".into(), u64::MAX.to_string()];
+    cluster.agent_args.extend(["--storage-conf".into(), storage_conf.display().to_string()]);
+    cluster.add_agent("gpu-01").await;
+    let api = &cluster.api;
+    api.create_run(&sh_run("busy", "sleep 4.404")).await;
+    api.wait_worker("busy-0", "Running").await;
+
+    // In use, the image stays however short the disk is.
+    let listed = eventually("the machine lists the image its worker runs", || async {
+        let images = machine_images(api).await;
+        if images.is_empty() { Err("no image yet".into()) } else { Ok(images) }
+    })
+    .await;
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    let (name, digest, bytes) = &listed[0];
+    assert_eq!(name, "docker.io/library/busybox:1.36");
+    assert!(digest.starts_with("sha256:") && *bytes > 0, "{listed:?}");
+
+    let run = api.wait_run_ended("busy").await;
+    assert_eq!(run["status"]["state"], "Completed", "{run}");
+    eventually("the unused image is removed and the machine says so", || async {
+        let images = machine_images(api).await;
+        if images.is_empty() { Ok(()) } else { Err(format!("{images:?}")) }
+    })
+    .await;
+    let log = cluster.agents[0].proc.log_text();
+    assert!(log.contains("removed an unused image"), "{log}");
 }

@@ -94,8 +94,9 @@ pub fn create_args(c: &Container) -> Vec<OsString> {
         pair(&mut a, "--label", format!("{LABEL_GPUS}={}", list.join(",")));
     }
     pair(&mut a, "--hostname", c.hostname.clone());
-    // The agent pulls first, with its own backoff and reasons.
-    pair(&mut a, "--pull", "never".into());
+    // The agent pulls first, with its own backoff and reasons; `missing` covers an image that
+    // another agent of the host removed since, for room.
+    pair(&mut a, "--pull", "missing".into());
     // catatonit as pid 1: a stop's SIGTERM reaches the worker, and its orphans are reaped.
     a.push("--init".into());
     a.push("--cap-drop=all".into());
@@ -220,7 +221,7 @@ mod tests {
             &["--label", "io.astraeus.gpus=1"],
             &["--env-file", "/state/env/x"],
             &["--env", "PEM"],
-            &["--pull", "never"],
+            &["--pull", "missing"],
             &["--log-opt", "path=/state/logs/x.log"],
         ] {
             assert!(has(&a, window), "{window:?} not in {a:?}");

@@ -15,7 +15,11 @@ pub fn report(dir: &Path) -> HeartbeatRequest {
         Ok(s) => (s.f_blocks * s.f_frsize, s.f_bavail * s.f_frsize),
         Err(_) => (0, 0),
     };
-    HeartbeatRequest { data_location: DataUsage { total_bytes, used_bytes, free_bytes }, copies }
+    HeartbeatRequest {
+        data_location: DataUsage { total_bytes, used_bytes, free_bytes },
+        copies,
+        images: None,
+    }
 }
 
 fn copies(dir: &Path) -> Vec<CopyReport> {

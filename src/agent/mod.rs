@@ -8,6 +8,7 @@ pub mod container;
 pub mod disk;
 pub mod gpus;
 pub mod host;
+pub mod images;
 pub mod mounts;
 pub mod output;
 pub mod podman;
@@ -48,6 +49,7 @@ pub struct Machine {
     /// The label value that marks this agent's containers.
     pub home: String,
     pub gpus: gpus::Gpus,
+    pub images: images::Images,
     /// `nofile` and `nproc` for containers: no higher than the agent's own, since podman's
     /// defaults can exceed what the host lets it set. `nproc` is also held to the pids limit:
     /// podman lowers its own (32768 in 4.3), and runc may not raise it back.
@@ -70,6 +72,7 @@ impl Machine {
             state,
             home: config.data_location.to_string_lossy().into_owned(),
             gpus: gpus::Gpus::new(config.join.capacity.gpus),
+            images: images::Images::default(),
             ulimits: (limit(Resource::Nofile), {
                 let l = limit(Resource::Nproc);
                 let cap = u64::from(container::PIDS_LIMIT);
@@ -132,24 +135,50 @@ pub async fn run(config: Config, stop: CancellationToken) -> anyhow::Result<()> 
     };
     tracing::info!(machine = %joined.machine, cluster = %joined.cluster, "joined");
     let shared = Arc::new(Shared::default());
-    let heartbeat =
-        tokio::spawn(heartbeat_loop(client.clone(), config.clone(), shared.clone(), stop.clone()));
+    let heartbeat = tokio::spawn(heartbeat_loop(
+        client.clone(),
+        config.clone(),
+        machine.clone(),
+        shared.clone(),
+        stop.clone(),
+    ));
     let result = assignment_loop(client, machine, found, shared, stop.clone()).await;
     stop.cancel();
     let _ = heartbeat.await;
     result
 }
 
-async fn heartbeat_loop(client: Client, config: Config, shared: Arc<Shared>, stop: CancellationToken) {
+async fn heartbeat_loop(
+    client: Client,
+    config: Config,
+    machine: Arc<Machine>,
+    shared: Arc<Shared>,
+    stop: CancellationToken,
+) {
+    // The images the server was last told of, and when the list was last read.
+    let mut told: Option<Vec<crate::protocol::ImageReport>> = None;
+    let mut checked: Option<std::time::Instant> = None;
     loop {
         let proposed = config.data_location.clone();
         let confirmed = shared.data_location.lock().expect("not poisoned").clone();
-        let report =
+        let mut report =
             tokio::task::spawn_blocking(move || disk::report(confirmed.as_deref().unwrap_or(&proposed)))
                 .await
                 .unwrap_or_default();
+        if machine.images.take_changed() || checked.is_none_or(|c| c.elapsed() >= images::CHECK_EVERY) {
+            checked = Some(std::time::Instant::now());
+            let keep_free = config.runtime.image_keep_free_bytes;
+            match images::reconcile(&machine.podman, &machine.images, keep_free).await {
+                Ok(list) if told.as_ref() != Some(&list) => report.images = Some(list),
+                Ok(_) => {}
+                Err(e) => tracing::warn!(error = %e, "cannot list this machine's images"),
+            }
+        }
         match client.heartbeat(&report).await {
             Ok(answer) => {
+                if report.images.is_some() {
+                    told = report.images.take();
+                }
                 let confirmed = answer.data_location.map(PathBuf::from);
                 if let Some(dir) = &confirmed {
                     for folder in &answer.delete_copies {

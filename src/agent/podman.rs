@@ -22,12 +22,16 @@ pub struct Config {
     /// Registries, mirrors and their trust (`CONTAINERS_REGISTRIES_CONF`); podman's default when
     /// unset.
     pub registries_conf: Option<PathBuf>,
+    /// Where images and containers live (`CONTAINERS_STORAGE_CONF`); podman's default when unset.
+    pub storage_conf: Option<PathBuf>,
     /// Capabilities workers keep; all others are dropped.
     pub capabilities: Vec<String>,
     /// The CDI kind of this machine's GPUs, e.g. `nvidia.com/gpu`.
     pub gpu_kind: String,
     /// How long a stopped worker has between SIGTERM and SIGKILL.
     pub stop_grace: Duration,
+    /// Free bytes to keep on the disk that holds images (`agent::images`).
+    pub image_keep_free_bytes: u64,
 }
 
 impl Config {
@@ -46,9 +50,11 @@ impl Config {
             podman: find(&args.podman, "podman")?,
             runc: find(&args.runc, "runc")?,
             registries_conf: args.registries_conf.clone(),
+            storage_conf: args.storage_conf.clone(),
             capabilities: args.allow_capabilities.iter().filter(|c| !c.is_empty()).cloned().collect(),
             gpu_kind: args.gpu_kind.clone(),
             stop_grace: Duration::from_secs(args.stop_grace_seconds),
+            image_keep_free_bytes: args.image_keep_free_bytes,
         })
     }
 }
@@ -69,9 +75,14 @@ pub struct Found {
 /// An image this machine holds.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Image {
+    pub id: String,
     pub names: Vec<String>,
     pub digest: String,
     pub bytes: u64,
+    /// When it was built, in seconds since the epoch.
+    pub created: i64,
+    /// Containers made from it, whatever their state: podman removes no image they use.
+    pub containers: u64,
 }
 
 #[derive(Deserialize)]
@@ -85,12 +96,17 @@ struct PsEntry {
 #[derive(Deserialize)]
 #[serde(rename_all = "PascalCase")]
 struct ImageEntry {
+    id: String,
     #[serde(default)]
     names: Option<Vec<String>>,
     #[serde(default)]
     digest: String,
     #[serde(default)]
     size: u64,
+    #[serde(default)]
+    created: i64,
+    #[serde(default)]
+    containers: u64,
 }
 
 #[derive(Deserialize)]
@@ -132,6 +148,9 @@ impl Podman {
             .env("LC_ALL", "C.UTF-8");
         if let Some(conf) = &self.config.registries_conf {
             cmd.env("CONTAINERS_REGISTRIES_CONF", conf);
+        }
+        if let Some(conf) = &self.config.storage_conf {
+            cmd.env("CONTAINERS_STORAGE_CONF", conf);
         }
         // cgroupfs: the agent keeps each worker's parent cgroup by path (agent/cgroup.rs).
         cmd.arg("--runtime").arg(&self.config.runc).args(["--cgroup-manager", "cgroupfs"]);
@@ -236,8 +255,26 @@ impl Podman {
             serde_json::from_str(&out).map_err(|e| format!("podman images: {e}"))?;
         Ok(entries
             .into_iter()
-            .map(|e| Image { names: e.names.unwrap_or_default(), digest: e.digest, bytes: e.size })
+            .map(|e| Image {
+                id: e.id,
+                names: e.names.unwrap_or_default(),
+                digest: e.digest,
+                bytes: e.size,
+                created: e.created,
+                containers: e.containers,
+            })
             .collect())
+    }
+
+    /// Removes an image no container uses (podman refuses one that a container does).
+    pub async fn remove_image(&self, id: &str) -> Result<(), String> {
+        self.run(&["rmi", id], &[]).await.map(drop)
+    }
+
+    /// Where podman keeps images: the disk whose free space decides what is removed.
+    pub async fn graph_root(&self) -> Result<PathBuf, String> {
+        let out = self.run(&["info", "--format", "{{.Store.GraphRoot}}"], &[]).await?;
+        Ok(PathBuf::from(out.trim()))
     }
 }
 

@@ -2,7 +2,7 @@
 //! own, ship its output, and report how it ended.
 
 use std::io::Write;
-use std::os::unix::fs::{OpenOptionsExt, chown};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt, chown};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -147,12 +147,24 @@ async fn pull(
         return Ok(());
     }
     report_preparing(client, a, &format!("Pulling image {}", a.image)).await;
+    // Only podman reads the registry's credentials, and only while it pulls.
+    let auth = match &a.image_pull_auth {
+        Some(text) => Some(RemovedOnDrop(
+            write_private(&machine.state, AUTH_DIR, &auth_file_name(a.uid), text)
+                .map_err(|why| format!("cannot pull image {}: {why}", a.image))?,
+        )),
+        None => None,
+    };
+    let auth = auth.as_ref().map(|f| f.0.as_path());
     let mut delay = PULL_BACKOFF;
     for attempt in 1..=PULL_ATTEMPTS {
         let why = tokio::select! {
             _ = stop.cancelled() => return Err("stopped".into()),
-            r = machine.podman.pull(&full, None) => match r {
-                Ok(()) => return Ok(()),
+            r = machine.podman.pull(&full, auth) => match r {
+                Ok(()) => {
+                    machine.images.changed();
+                    return Ok(());
+                }
                 Err(why) => why,
             },
         };
@@ -181,7 +193,7 @@ async fn create(
     let binds = binds(machine, a, data_location, id_base)?;
     let env: Vec<(String, String)> = a.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
     let (text, env_inherited) = container::env_file_text(&env);
-    let env_file = write_env_file(&machine.state, a.uid, &text)?;
+    let env_file = write_private(&machine.state, ENV_DIR, &a.uid.to_string(), &text)?;
     let logs = machine.state.join("logs");
     std::fs::create_dir_all(&logs).map_err(|e| format!("cannot create {}: {e}", logs.display()))?;
     let devices = if !gpus.is_empty() && gpus::cdi_has_kind(&machine.podman.config().gpu_kind) {
@@ -213,6 +225,7 @@ async fn create(
     };
     let inherited: Vec<(String, String)> =
         env.into_iter().filter(|(k, _)| env_inherited.contains(k)).collect();
+    machine.images.used(&spec.image);
     let created = machine.podman.create(container::create_args(&spec), &inherited).await;
     // The values now live in the container's configuration, which only root can read.
     let _ = std::fs::remove_file(&env_file);
@@ -258,11 +271,28 @@ fn log_file(state: &Path, worker: uuid::Uuid) -> PathBuf {
     state.join("logs").join(format!("{worker}.log"))
 }
 
-/// `<state>/env/<worker>`, mode 0600: the worker's variables, secrets included, for podman.
-fn write_env_file(state: &Path, worker: uuid::Uuid, text: &str) -> Result<PathBuf, String> {
-    let dir = state.join("env");
-    std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-    let path = dir.join(worker.to_string());
+/// Where the agent writes each worker's variables, secrets included, for podman:
+/// `<state>/env/<worker>`.
+const ENV_DIR: &str = "env";
+/// Where the agent writes a worker's registry auth file while its image is pulled:
+/// `<state>/auth/<worker>.json`.
+const AUTH_DIR: &str = "auth";
+
+fn auth_file_name(worker: uuid::Uuid) -> String {
+    format!("{worker}.json")
+}
+
+/// `<state>/<folder>/<name>`, mode 0600 in a folder of mode 0700: what only the agent and the
+/// podman it runs may read.
+fn write_private(state: &Path, folder: &str, name: &str, text: &str) -> Result<PathBuf, String> {
+    let dir = state.join(folder);
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&dir)
+        .and_then(|()| std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)))
+        .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    let path = dir.join(name);
     let _ = std::fs::remove_file(&path);
     let mut file = std::fs::OpenOptions::new()
         .write(true)
@@ -272,6 +302,15 @@ fn write_env_file(state: &Path, worker: uuid::Uuid, text: &str) -> Result<PathBu
         .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
     file.write_all(text.as_bytes()).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
     Ok(path)
+}
+
+/// A file removed however its holder ends, a stop included.
+struct RemovedOnDrop(PathBuf);
+
+impl Drop for RemovedOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
 }
 
 /// Ships the container's output until it ends, its time limit passes, or `stop`.
@@ -371,9 +410,12 @@ pub async fn cleanup(machine: &Machine, a: &Assignment, id: Option<&str>) {
         machine.podman.remove(id).await;
     }
     mounts::unstage(&mounts::worker_dir(&machine.state, a.uid));
-    let _ = std::fs::remove_file(machine.state.join("env").join(a.uid.to_string()));
+    let _ = std::fs::remove_file(machine.state.join(ENV_DIR).join(a.uid.to_string()));
+    let _ = std::fs::remove_file(machine.state.join(AUTH_DIR).join(auth_file_name(a.uid)));
     let _ = std::fs::remove_file(log_file(&machine.state, a.uid));
     cgroup::remove(a.uid);
+    // Its image may be unused now, and removable when the disk is short.
+    machine.images.changed();
 }
 
 async fn report_preparing(client: &Client, a: &Assignment, reason: &str) {

@@ -23,15 +23,16 @@ use super::extract::{Body, IfNoneMatch, Params, Path};
 use crate::auth::machine::{self, verify_credential};
 use crate::auth::seal;
 use crate::beats;
-use crate::domain::Problems;
 use crate::domain::drive::{Location, full_name};
 use crate::domain::quantity::human_bytes;
 use crate::domain::run::{RunSpec, WorkerState};
+use crate::domain::task::PULL_AUTH_KEY;
+use crate::domain::{Name, Problems};
 use crate::hub;
 use crate::kept::Kept;
 use crate::protocol::{
-    self, Ack, Assignment, Assignments, HeartbeatRequest, HeartbeatResponse, JoinRequest, JoinResponse,
-    Limits, LogUpload, MountSource, MountSpec, StatusReport,
+    self, Ack, Assignment, Assignments, HeartbeatRequest, HeartbeatResponse, ImageReport, JoinRequest,
+    JoinResponse, Limits, LogUpload, MountSource, MountSpec, StatusReport,
 };
 use crate::store::{self, drives::DriveRecord, machines::Joining, workers::AssignmentRow};
 
@@ -39,6 +40,8 @@ use crate::store::{self, drives::DriveRecord, machines::Joining, workers::Assign
 const MAX_WAIT: Duration = Duration::from_secs(60);
 const MAX_LOG_LINES: usize = 10_000;
 const MAX_COPIES: usize = 100_000;
+/// Images a heartbeat may report: far more than a disk holds.
+const MAX_IMAGES: usize = 1_000;
 /// Room for a heartbeat of [`MAX_COPIES`] copies with long names.
 const HEARTBEAT_BODY_LIMIT: usize = 32 << 20;
 
@@ -137,6 +140,25 @@ async fn join(
     Ok(Json(JoinResponse { credential, machine: m.name, cluster: m.cluster }))
 }
 
+/// Bounds on what a machine may make the server keep about its images.
+fn check_images(images: &[ImageReport]) -> Result<(), ApiError> {
+    if images.len() > MAX_IMAGES {
+        return Err(ApiError::invalid("images", format!("at most {MAX_IMAGES} images per heartbeat")));
+    }
+    for (i, image) in images.iter().enumerate() {
+        if image.name.len() > 512 || image.digest.len() > 256 {
+            return Err(ApiError::invalid(
+                format!("images[{i}]"),
+                "a name of at most 512 bytes, a digest of 256",
+            ));
+        }
+        if image.bytes > i64::MAX as u64 {
+            return Err(ApiError::invalid(format!("images[{i}].bytes"), "is too large"));
+        }
+    }
+    Ok(())
+}
+
 fn clamp(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
 }
@@ -155,6 +177,10 @@ async fn heartbeat(
         free_bytes: clamp(req.data_location.free_bytes),
     };
     metrics::counter!("astraeus_heartbeats_total").increment(1);
+    if let Some(images) = &req.images {
+        check_images(images)?;
+        store::machines::set_images(&app.db, caller.id, images).await?;
+    }
     let digest = beats::digest(&req.copies);
     if let Some(known) = app.hub.beats.known(caller.id, digest) {
         app.hub.beats.record(caller.id, &usage);
@@ -324,9 +350,9 @@ impl Referenced {
         for row in rows {
             let task = &specs[&row.run_id].task_template;
             drives.extend(task.datavolume_refs.iter().map(|r| (row.workspace_id, r.name.to_string())));
-            for s in &task.secret_refs {
+            for s in task.secret_refs.iter().map(|s| &s.name).chain(&task.image_pull_secret) {
                 secrets.0.push(row.workspace_id);
-                secrets.1.push(s.name.to_string());
+                secrets.1.push(s.to_string());
             }
         }
         let read_db = &mut *db;
@@ -356,17 +382,24 @@ fn assignment(
     row: AssignmentRow,
 ) -> Result<Assignment, ApiError> {
     let task = &run.task_template;
+    // A secret deleted since the run was made is skipped: its variables are not set.
+    let open = |name: &Name| -> Result<Option<BTreeMap<String, String>>, ApiError> {
+        let Some(sealed) = refs.secrets.get(&(row.workspace_id, name.to_string())) else {
+            return Ok(None);
+        };
+        let plain = seal::open(&app.keys, sealed)
+            .ok_or_else(|| anyhow::anyhow!("secret {name} cannot be opened with this server's key"))?;
+        Ok(Some(serde_json::from_slice(&plain).map_err(anyhow::Error::from)?))
+    };
     let mut env = task.env.clone();
     for s in &task.secret_refs {
-        if let Some(sealed) = refs.secrets.get(&(row.workspace_id, s.name.to_string())) {
-            let plain = seal::open(&app.keys, sealed).ok_or_else(|| {
-                anyhow::anyhow!("secret {} cannot be opened with this server's key", s.name)
-            })?;
-            let values: BTreeMap<String, String> =
-                serde_json::from_slice(&plain).map_err(anyhow::Error::from)?;
-            env.extend(values);
-        }
+        env.extend(open(&s.name)?.unwrap_or_default());
     }
+    // Without the secret or its key, the pull goes unauthenticated and podman says why it fails.
+    let image_pull_auth = match &task.image_pull_secret {
+        Some(name) => open(name)?.and_then(|mut values| values.remove(PULL_AUTH_KEY)),
+        None => None,
+    };
     let mut mounts = Vec::new();
     if let Some(drive) = &row.fill_drive {
         // A fill writes the whole copy, read-write, at /drive.
@@ -432,6 +465,7 @@ fn assignment(
         },
         id_slot: u32::try_from(row.id_slot).map_err(anyhow::Error::from)?,
         fill: row.fill_drive.is_some(),
+        image_pull_auth,
     })
 }
 

@@ -196,7 +196,7 @@ pub async fn create(
     }
     check_grant(&app, &caller, &input.spec).await?;
     if let Some(fill) = &input.spec.fill {
-        secrets::check_refs(&app, &caller, &fill.template.secret_refs, "spec.fill.template").await?;
+        secrets::check_refs(&app, &caller, &fill.template, "spec.fill.template").await?;
     }
     let name = input.metadata.name.as_str();
     let record =

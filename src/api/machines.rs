@@ -27,6 +27,7 @@ use crate::domain::path::AbsPath;
 use crate::domain::quantity::CpuCores;
 use crate::domain::role::Role;
 use crate::hub;
+use crate::protocol::ImageReport;
 use crate::store::{self, copies::MachineCopyRecord, join_tokens::JoinTokenRecord, machines::MachineRecord};
 
 pub fn router() -> OpenApiRouter<AppState> {
@@ -48,6 +49,10 @@ pub struct Machine {
     /// machine is read.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub copies: Option<Vec<MachineCopy>>,
+    /// The container images the machine holds, as its agent last reported them; only when one
+    /// machine is read.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub images: Option<Vec<ImageReport>>,
     /// The caller's workspace's workers placed here that have not ended, by run (newest
     /// first), then index: one machine read alone holds the first 100; `GET
     /// /machines/{name}/workers` pages through them all.
@@ -159,6 +164,7 @@ pub fn to_object(m: MachineRecord) -> Machine {
             },
         },
         copies: None,
+        images: None,
         workers: None,
         workers_next: None,
     }
@@ -239,9 +245,11 @@ pub async fn get(
     let record = find(&app, &name).await?;
     let copies = store::copies::on_machine(&app.db, record.id, caller.workspace_id).await?;
     let workers = workers_page(&app, &caller, record.id, &PageParams::FIRST).await?;
+    let images = store::machines::images(&app.db, record.id).await?;
     let data_path = record.data_path.clone().unwrap_or_default();
     let mut machine = to_object(record);
     machine.copies = Some(copies.into_iter().map(|c| to_copy(&caller.workspace, &data_path, c)).collect());
+    machine.images = Some(images);
     machine.workers = Some(workers.items);
     machine.workers_next = workers.next;
     Ok(Json(machine))

@@ -154,7 +154,7 @@ pub async fn create(
     if !store::clusters::exists(&app.db, spec.cluster.as_str()).await? {
         return Err(ApiError::invalid("spec.cluster", format!("cluster {} does not exist", spec.cluster)));
     }
-    secrets::check_refs(&app, &caller, &spec.task_template.secret_refs, "spec.task_template").await?;
+    secrets::check_refs(&app, &caller, &spec.task_template, "spec.task_template").await?;
 
     let mut tx = app.db.begin().await?;
     let drive_names: Vec<String> =

@@ -22,7 +22,7 @@ use super::watch::{self, Kind};
 use crate::auth::seal;
 use crate::domain::meta::MetaInput;
 use crate::domain::role::Role;
-use crate::domain::task::{SecretRef, is_env_name};
+use crate::domain::task::{TaskTemplate, is_env_name};
 use crate::domain::{FieldError, Name, Problems};
 use crate::store::{self, secrets::SecretRecord};
 
@@ -68,24 +68,30 @@ fn to_object(namespace: &str, r: SecretRecord) -> Secret {
     }
 }
 
-/// 422 for each of `refs` (the `secret_refs` of the task at `at`) that names no secret.
+/// 422 for each secret the task at `at` (e.g. `spec.task_template`) names, in `secret_refs` or
+/// as its `image_pull_secret`, that does not exist.
 pub async fn check_refs(
     app: &AppState,
     caller: &Caller,
-    refs: &[SecretRef],
+    task: &TaskTemplate,
     at: &str,
 ) -> Result<(), ApiError> {
-    let names: Vec<String> = refs.iter().map(|s| s.name.to_string()).collect();
-    let found: HashSet<String> =
-        store::secrets::existing(&app.db, caller.workspace_id, &names).await?.into_iter().collect();
-    let missing: Vec<FieldError> = names
+    let mut named: Vec<(String, String)> = task
+        .secret_refs
         .iter()
         .enumerate()
-        .filter(|(_, n)| !found.contains(*n))
-        .map(|(i, n)| FieldError {
-            path: format!("{at}.secret_refs[{i}].name"),
-            message: format!("secret {n} does not exist"),
-        })
+        .map(|(i, s)| (format!("{at}.secret_refs[{i}].name"), s.name.to_string()))
+        .collect();
+    if let Some(pull) = &task.image_pull_secret {
+        named.push((format!("{at}.image_pull_secret"), pull.to_string()));
+    }
+    let names: Vec<String> = named.iter().map(|(_, n)| n.clone()).collect();
+    let found: HashSet<String> =
+        store::secrets::existing(&app.db, caller.workspace_id, &names).await?.into_iter().collect();
+    let missing: Vec<FieldError> = named
+        .into_iter()
+        .filter(|(_, n)| !found.contains(n))
+        .map(|(path, n)| FieldError { path, message: format!("secret {n} does not exist") })
         .collect();
     if missing.is_empty() { Ok(()) } else { Err(ApiError::Invalid(missing)) }
 }

@@ -260,6 +260,7 @@ impl Fleet {
                 free_bytes: DISK_BYTES - used,
             },
             copies,
+            images: None,
         }
     }
 

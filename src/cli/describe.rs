@@ -377,6 +377,17 @@ async fn machine_text(client: &Client, m: &Value, out: &mut String) -> Result<Ve
         ]);
     }
     out.push_str(&render(&t));
+    out.push_str("Images:\n");
+    let mut t = Table::new(vec![col("IMAGE", 48), col("DIGEST", 20), col("SIZE", 0)]);
+    t.indent = 2;
+    for i in array(&m["images"]) {
+        // The digest's first 12 hex digits, as podman shows image ids.
+        let digest = text(&i["digest"]);
+        let short =
+            digest.strip_prefix("sha256:").map_or(digest.as_str(), |d| &d[..d.len().min(12)]).to_owned();
+        t.push(vec![text(&i["name"]).into(), short.into(), bytes(&i["bytes"]).into()]);
+    }
+    out.push_str(&render(&t));
     let workers = whole(client, m, "workers", &format!("/machines/{name}/workers")).await?;
     worker_table(&workers, out);
     let object = format!("machine/{name}");

@@ -18,6 +18,8 @@ const MAX_REFS: usize = 64;
 const MAX_MEMORY: u64 = 1 << 50;
 /// Thirty days.
 const MAX_TIME_LIMIT: u64 = 30 * 24 * 3600;
+/// The key of an `image_pull_secret` that holds the registry auth file.
+pub const PULL_AUTH_KEY: &str = "AUTH_JSON";
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -42,6 +44,12 @@ pub struct TaskTemplate {
     pub datavolume_refs: Vec<DataVolumeRef>,
     #[serde(default)]
     pub secret_refs: Vec<SecretRef>,
+    /// A workspace secret whose key `AUTH_JSON` holds a registry auth file, as `podman login`
+    /// writes it (`{"auths": {"registry.example": {"auth": "…"}}}`): used to pull `image`.
+    /// Its keys do not become environment variables of the worker unless it is also in
+    /// `secret_refs`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_pull_secret: Option<Name>,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
@@ -264,6 +272,20 @@ mod tests {
         json["requested_resources"]["node_selection"] =
             serde_json::json!({"mode": "Any", "names": ["gpu-01"]});
         assert_eq!(problems(&template(json))[0].0, "t.requested_resources.node_selection.names");
+    }
+
+    #[test]
+    fn an_image_pull_secret_is_a_name_and_is_echoed_only_when_given() {
+        let t = template(base());
+        assert!(t.image_pull_secret.is_none());
+        assert!(serde_json::to_value(&t).unwrap().get("image_pull_secret").is_none());
+        let mut json = base();
+        json["image_pull_secret"] = serde_json::json!("registry");
+        let t = template(json.clone());
+        assert!(problems(&t).is_empty());
+        assert_eq!(serde_json::to_value(&t).unwrap()["image_pull_secret"], "registry");
+        json["image_pull_secret"] = serde_json::json!("Not A Name");
+        assert!(serde_json::from_value::<TaskTemplate>(json).is_err());
     }
 
     #[test]

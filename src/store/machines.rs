@@ -2,6 +2,7 @@
 
 use std::collections::BTreeMap;
 
+use crate::protocol::ImageReport;
 use chrono::{DateTime, Utc};
 use sqlx::PgExecutor;
 use sqlx::types::Json;
@@ -213,6 +214,26 @@ pub async fn beat_all(
 
 pub async fn get(db: impl PgExecutor<'_>, id: Uuid) -> sqlx::Result<Option<MachineRecord>> {
     sqlx::query_as(&format!("SELECT {COLUMNS} FROM machines WHERE id = $1")).bind(id).fetch_optional(db).await
+}
+
+/// Keeps the images the machine's agent reported.
+pub async fn set_images(db: impl PgExecutor<'_>, machine: Uuid, images: &[ImageReport]) -> sqlx::Result<()> {
+    sqlx::query("UPDATE machines SET images = $2 WHERE id = $1 AND images IS DISTINCT FROM $2")
+        .bind(machine)
+        .bind(Json(images))
+        .execute(db)
+        .await
+        .map(drop)
+}
+
+/// The images the machine's agent last reported.
+pub async fn images(db: impl PgExecutor<'_>, machine: Uuid) -> sqlx::Result<Vec<ImageReport>> {
+    let images: Option<Json<Vec<ImageReport>>> =
+        sqlx::query_scalar("SELECT images FROM machines WHERE id = $1")
+            .bind(machine)
+            .fetch_optional(db)
+            .await?;
+    Ok(images.map(|i| i.0).unwrap_or_default())
 }
 
 pub async fn by_name(db: impl PgExecutor<'_>, name: &str) -> sqlx::Result<Option<MachineRecord>> {

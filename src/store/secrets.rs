@@ -97,19 +97,23 @@ pub async fn sealed_many(
     .await
 }
 
-/// A run not yet ended, or a drive's fill, that references the secret: `run NAME` / `drive NAME`.
+/// A run not yet ended, or a drive's fill, that references the secret (in `secret_refs` or as
+/// its `image_pull_secret`): `run NAME` / `drive NAME`.
 pub async fn user(db: impl PgExecutor<'_>, workspace: Uuid, name: &str) -> sqlx::Result<Option<String>> {
     let refs = serde_json::json!([{ "name": name }]);
     sqlx::query_scalar(
         "(SELECT 'run ' || name FROM runs WHERE workspace_id = $1 AND state NOT IN ('Completed', 'Failed')
-             AND spec #> '{task_template,secret_refs}' @> $2 LIMIT 1)
+             AND (spec #> '{task_template,secret_refs}' @> $2
+                  OR spec #>> '{task_template,image_pull_secret}' = $3) LIMIT 1)
          UNION ALL
          (SELECT 'drive ' || name FROM drives WHERE workspace_id = $1
-             AND spec #> '{fill,template,secret_refs}' @> $2 LIMIT 1)
+             AND (spec #> '{fill,template,secret_refs}' @> $2
+                  OR spec #>> '{fill,template,image_pull_secret}' = $3) LIMIT 1)
          LIMIT 1",
     )
     .bind(workspace)
     .bind(refs)
+    .bind(name)
     .fetch_optional(db)
     .await
 }

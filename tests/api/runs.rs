@@ -186,6 +186,28 @@ async fn a_run_cannot_reference_a_missing_secret(db: sqlx::PgPool) {
 }
 
 #[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
+async fn an_image_pull_secret_must_exist_and_is_echoed_back(db: sqlx::PgPool) {
+    let app = app_with_recipe_drive(db).await;
+    let run = recipe_run_with(|r| r["spec"]["task_template"]["image_pull_secret"] = json!("registry"));
+    let reply = app.create_run(&run).await;
+    assert_refused(&reply, 422, "spec.task_template.image_pull_secret", "secret registry does not exist");
+    assert_eq!(run_count(&app).await, 0);
+
+    let secret = json!({
+        "metadata": {"name": "registry"},
+        "data": {"AUTH_JSON": r#"{"auths": {"registry.example": {"auth": "dXNlcjpwYXNz"}}}"#}
+    });
+    assert_eq!(app.post("/secrets", &secret).await.status, 201);
+    let reply = app.create_run(&run).await;
+    assert_eq!(reply.status, 201, "{}", reply.text);
+    assert_eq!(reply.json()["spec"]["task_template"]["image_pull_secret"], "registry");
+    let task = app.get_run("inspect-food101").await.json()["spec"]["task_template"].clone();
+    assert_eq!(task["image_pull_secret"], "registry", "{task}");
+    // Its keys are no variables of the worker: it is not among the secret_refs.
+    assert_eq!(task["secret_refs"], json!([]), "{task}");
+}
+
+#[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
 async fn node_selection_names_go_with_mode_exact(db: sqlx::PgPool) {
     let app = app_with_recipe_drive(db).await;
     let at = "spec.task_template.requested_resources.node_selection.names";

@@ -202,3 +202,17 @@ async fn a_database_dump_holds_no_token_and_no_secret_value(db: sqlx::PgPool) {
     let signature = viewer.rsplit('.').next().unwrap();
     assert!(!text.contains(signature));
 }
+
+#[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
+async fn a_secret_a_run_pulls_its_image_with_cannot_be_deleted(db: sqlx::PgPool) {
+    let app = spawn_app(db).await;
+    assert_eq!(app.create_drive(&recipe_drive()).await.status, 201);
+    let registry = json!({"metadata": {"name": "registry"}, "data": {"AUTH_JSON": "{\"auths\": {}}"}});
+    assert_eq!(create_secret(&app, &registry).await.status, 201);
+    let mut run = recipe_run();
+    run["spec"]["task_template"]["image_pull_secret"] = json!("registry");
+    assert_eq!(app.create_run(&run).await.status, 201);
+    let reply = app.delete("/secrets/registry").await;
+    assert_eq!(reply.status, 409, "{}", reply.text);
+    assert_eq!(reply.message(), "secret registry is used by run inspect-food101: delete it first");
+}

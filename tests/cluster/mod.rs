@@ -37,9 +37,11 @@ pub fn runtime() -> agent::podman::Config {
         podman: "/usr/bin/podman".into(),
         runc: "/usr/sbin/runc".into(),
         registries_conf: Some(images::images().registries_conf.clone()),
+        storage_conf: None,
         capabilities: vec![],
         gpu_kind: "nvidia.com/gpu".into(),
         stop_grace: Duration::from_secs(2),
+        image_keep_free_bytes: 0,
     }
 }
 

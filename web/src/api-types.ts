@@ -2178,6 +2178,15 @@ export interface components {
             /** @description Absolute paths; drives of the workspace may use these and what lies below them. */
             paths: components["schemas"]["AbsPath"][];
         };
+        /** @description A container image the machine holds. */
+        ImageReport: {
+            /** Format: int64 */
+            bytes: number;
+            /** @description The manifest's digest, `sha256:…`. */
+            digest: string;
+            /** @description Its first name, such as `docker.io/library/busybox:1.36`; `<none>` when it has none. */
+            name: string;
+        };
         JoinToken: {
             cluster: string;
             /** Format: date-time */
@@ -2310,6 +2319,11 @@ export interface components {
                  *     machine is read.
                  */
                 copies?: components["schemas"]["MachineCopy"][] | null;
+                /**
+                 * @description The container images the machine holds, as its agent last reported them; only when one
+                 *     machine is read.
+                 */
+                images?: components["schemas"]["ImageReport"][] | null;
                 metadata: components["schemas"]["MachineMeta"];
                 spec: components["schemas"]["MachineSpec"];
                 status: components["schemas"]["MachineStatus"];
@@ -2432,6 +2446,11 @@ export interface components {
              *     machine is read.
              */
             copies?: components["schemas"]["MachineCopy"][] | null;
+            /**
+             * @description The container images the machine holds, as its agent last reported them; only when one
+             *     machine is read.
+             */
+            images?: components["schemas"]["ImageReport"][] | null;
             metadata: components["schemas"]["MachineMeta"];
             spec: components["schemas"]["MachineSpec"];
             status: components["schemas"]["MachineStatus"];
@@ -2649,10 +2668,12 @@ export interface components {
                 [key: string]: string;
             };
             /**
-             * @description Recorded and shown; workers run in the machine's sandbox.
+             * @description The container image the worker runs, pulled by the machine: `busybox:1.36` is
+             *     `docker.io/library/busybox:1.36`.
              * @example busybox:1.36
              */
             image: string;
+            image_pull_secret?: null | components["schemas"]["Name"];
             requested_resources: components["schemas"]["Resources"];
             restart_policy?: components["schemas"]["RestartPolicy"];
             secret_refs?: components["schemas"]["SecretRef"][];

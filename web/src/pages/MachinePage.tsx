@@ -18,6 +18,7 @@ export function MachinePage({ name }: { name: string }) {
     return <NotFound what={`Machine ${name}`} back="/machines" backText="Back to Machines" />;
   }
   const copies = m?.copies ?? [];
+  const images = m?.images ?? [];
 
   return (
     <>
@@ -107,6 +108,38 @@ export function MachinePage({ name }: { name: string }) {
                         <td>
                           <Time iso={c.last_used_at} />
                         </td>
+                      </tr>
+                    ))}
+                  </tbody>
+                </table>
+              </TableWrap>
+            )}
+          </section>
+
+          <section aria-labelledby="images">
+            <h2 id="images">Images</h2>
+            {images.length === 0 ? (
+              <p class="empty">This machine holds no container image yet: each is pulled when a worker first needs it.</p>
+            ) : (
+              <TableWrap label="Container images on this machine">
+                <table>
+                  <thead>
+                    <tr>
+                      <th scope="col">Image</th>
+                      <th scope="col">Digest</th>
+                      <th scope="col">Size</th>
+                    </tr>
+                  </thead>
+                  <tbody>
+                    {images.map((i) => (
+                      <tr key={`${i.name} ${i.digest}`}>
+                        <th scope="row">
+                          <code>{i.name}</code>
+                        </th>
+                        <td>
+                          <code title={i.digest}>{i.digest.replace(/^sha256:/, '').slice(0, 12)}</code>
+                        </td>
+                        <td>{bytes(i.bytes)}</td>
                       </tr>
                     ))}
                   </tbody>

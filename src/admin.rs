@@ -33,7 +33,7 @@ async fn join_token(args: JoinTokenArgs) -> anyhow::Result<String> {
         anyhow::bail!("--cluster: cluster {} does not exist", args.cluster);
     }
     let (token, hash) = new_join_token();
-    store::join_tokens::insert(&db, &args.cluster, &hash, chrono::Utc::now() + ttl).await?;
+    store::join_tokens::insert(&db, &args.cluster, &hash, chrono::Utc::now() + ttl, args.uses).await?;
     Ok(token)
 }
 

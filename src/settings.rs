@@ -97,9 +97,10 @@ pub struct AgentArgs {
     /// The server's base URL, e.g. http://127.0.0.1:8080.
     #[arg(long, env = "ASTRAEUS_SERVER")]
     pub server: String,
-    /// A join token minted by an organisation admin for the cluster.
+    /// A join token minted by an organisation admin for the cluster; needed only until the
+    /// machine has joined (it keeps its credential under its data location).
     #[arg(long, env = "ASTRAEUS_JOIN_TOKEN", hide_env_values = true)]
-    pub join_token: SecretString,
+    pub join_token: Option<SecretString>,
     /// This machine's name (a DNS label).
     #[arg(long)]
     pub name: String,
@@ -218,6 +219,9 @@ pub struct JoinTokenArgs {
     /// Lifetime, e.g. 1d, 12h.
     #[arg(long, default_value = "1d")]
     pub ttl: String,
+    /// How many machines it admits.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(i32).range(1..=10_000))]
+    pub uses: i32,
     #[command(flatten)]
     pub database: DatabaseArgs,
 }

@@ -445,8 +445,16 @@ async fn a_killed_agent_makes_its_machine_not_ready_and_fails_its_worker(pool: P
     // The container outlives its agent (a restarted agent could follow it again), until the
     // agent comes back and finds its worker ended.
     assert!(process_running("sleep 300.801"));
+    // It comes back with the credential it keeps, though every join token is revoked.
+    let credential = cluster.agents[0].data.path().join(".agent/credential");
+    assert_eq!(std::fs::metadata(&credential).unwrap().permissions().mode() & 0o777, 0o600);
+    let tokens = api.get("/clusters/main/join-tokens").await.expect(StatusCode::OK);
+    for t in tokens["items"].as_array().unwrap() {
+        api.delete(&format!("/clusters/main/join-tokens/{}", t["id"].as_str().unwrap())).await;
+    }
     cluster.restart_agent("gpu-01");
     wait_gone("sleep 300.801").await;
+    cluster.api.wait_machine("gpu-01", "Ready").await;
 }
 
 #[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
@@ -533,4 +541,29 @@ async fn an_agent_killed_mid_fill_follows_the_fill_again_and_the_copy_is_complet
     assert_eq!(fill["status"]["state"], "Completed", "{fill}");
     assert!(cluster.api.logs("fill-slow-gpu-01-0").await.contains("through the gate"));
     wait_gone("sleep 0.903").await;
+}
+
+#[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
+async fn an_agent_keeps_copies_only_beneath_its_own_data_location(pool: PgPool) {
+    let cluster = Cluster::start(&pool).await;
+    let api = &cluster.api;
+    // The server (an organisation admin, or a server that lies) points the machine at the
+    // host's /etc: the agent refuses, and its copies stay where they were.
+    api.confirm_data_location("gpu-01", "/etc").await;
+    let agent = &cluster.agents[0];
+    eventually("the agent refuses the location", || async {
+        let log = agent.proc.log_text();
+        if log.contains("refusing the data location the server confirmed") {
+            Ok(())
+        } else {
+            Err("not yet".into())
+        }
+    })
+    .await;
+    assert!(!std::path::Path::new("/etc/drives").exists());
+    // Its own folder again is taken at once.
+    let own = agent.data.path().to_str().unwrap().to_owned();
+    api.confirm_data_location("gpu-01", &own).await;
+    api.create_run(&sh_run("after", "echo fine")).await;
+    assert_eq!(api.wait_run_ended("after").await["status"]["state"], "Completed");
 }

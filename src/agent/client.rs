@@ -42,6 +42,11 @@ impl Client {
         read(resp).await
     }
 
+    /// Uses a machine credential kept from an earlier join.
+    pub fn resume(&mut self, credential: &str) {
+        self.credential = credential.to_owned();
+    }
+
     /// Joins with the join token and keeps the machine credential it answers with.
     pub async fn join(&mut self, request: &JoinRequest) -> anyhow::Result<JoinResponse> {
         let joined: JoinResponse = self.post("/join", request).await.context("cannot join the cluster")?;

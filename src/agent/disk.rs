@@ -1,7 +1,17 @@
 //! The data location on disk: its usage, and the copies in `drives/<namespace>.<drive>`.
+//!
+//! The server names the data location and the copies to delete; the agent takes neither on
+//! trust. The location must be its own `--data-location` or a folder beneath it, reached without
+//! a symlink, and `drives/` is opened without following one: copies are then listed and removed
+//! through that descriptor (`/proc/self/fd/N/<folder>`), so no link, at any depth, leads a
+//! listing or a removal out of the data location.
 
-use std::path::Path;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::{Component, Path, PathBuf};
 
+use rustix::fs::{CWD, Mode, OFlags};
+
+use super::mounts;
 use crate::protocol::{CopyReport, DataUsage, HeartbeatRequest};
 
 /// The file a fill writes last: a copy without it is not whole.
@@ -22,8 +32,34 @@ pub fn report(dir: &Path) -> HeartbeatRequest {
     }
 }
 
+/// `<dir>/drives`, opened without following a symlink there.
+fn open_drives(dir: &Path) -> Option<OwnedFd> {
+    let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC | OFlags::NOFOLLOW;
+    rustix::fs::openat(CWD, &dir.join("drives"), flags, Mode::empty()).ok()
+}
+
+/// The path of `drives/` through its descriptor: nothing after it is looked up from the top.
+fn through(fd: &OwnedFd) -> PathBuf {
+    PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+}
+
+/// The data location the server confirmed, if it is `own` or a folder beneath it reached
+/// without a symlink (made when missing).
+pub fn accept_location(own: &Path, offered: &str) -> Result<PathBuf, String> {
+    let path = Path::new(offered);
+    let rel = path.strip_prefix(own).map_err(|_| {
+        format!("{offered} is not this agent's data location ({}) or beneath it", own.display())
+    })?;
+    if !rel.components().all(|c| matches!(c, Component::Normal(_))) {
+        return Err(format!("{offered} is not a plain path beneath {}", own.display()));
+    }
+    mounts::make_beneath(own, &rel.to_string_lossy())?;
+    Ok(path.to_path_buf())
+}
+
 fn copies(dir: &Path) -> Vec<CopyReport> {
-    let Ok(entries) = std::fs::read_dir(dir.join("drives")) else { return vec![] };
+    let Some(drives) = open_drives(dir) else { return vec![] };
+    let Ok(entries) = std::fs::read_dir(through(&drives)) else { return vec![] };
     entries
         .filter_map(Result::ok)
         .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
@@ -55,11 +91,13 @@ pub fn delete_copy(dir: &Path, folder: &str) {
         tracing::warn!(folder, "refusing to delete a copy with a strange name");
         return;
     }
-    let path = dir.join("drives").join(folder);
+    let Some(drives) = open_drives(dir) else { return };
+    // std's removal opens each folder relative to its parent and never follows a link.
+    let path = through(&drives).join(folder);
     match std::fs::remove_dir_all(&path) {
-        Ok(()) => tracing::info!(path = %path.display(), "deleted copy"),
+        Ok(()) => tracing::info!(folder, "deleted copy"),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => tracing::warn!(path = %path.display(), error = %e, "cannot delete copy"),
+        Err(e) => tracing::warn!(folder, error = %e, "cannot delete copy"),
     }
 }
 
@@ -84,5 +122,44 @@ mod tests {
         assert!(r.data_location.total_bytes > 0);
         delete_copy(dir.path(), "default.food101");
         assert!(report(dir.path()).copies.is_empty());
+    }
+
+    #[test]
+    fn a_drives_folder_that_is_a_link_is_neither_listed_nor_emptied() {
+        let dir = tempfile::tempdir().unwrap();
+        let victim = tempfile::tempdir().unwrap();
+        std::fs::create_dir(victim.path().join("default.etc")).unwrap();
+        std::fs::write(victim.path().join("default.etc/passwd"), "root").unwrap();
+        std::os::unix::fs::symlink(victim.path(), dir.path().join("drives")).unwrap();
+        assert!(report(dir.path()).copies.is_empty());
+        delete_copy(dir.path(), "default.etc");
+        assert!(victim.path().join("default.etc/passwd").exists());
+    }
+
+    #[test]
+    fn a_copy_holding_a_link_out_is_removed_without_following_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let victim = tempfile::tempdir().unwrap();
+        std::fs::write(victim.path().join("keep"), "").unwrap();
+        std::fs::create_dir_all(dir.path().join("drives/default.x/deep")).unwrap();
+        std::os::unix::fs::symlink(victim.path(), dir.path().join("drives/default.x/deep/esc")).unwrap();
+        delete_copy(dir.path(), "default.x");
+        assert!(!dir.path().join("drives/default.x").exists());
+        assert!(victim.path().join("keep").exists());
+    }
+
+    #[test]
+    fn the_data_location_is_the_agents_own_or_beneath_it() {
+        let own = tempfile::tempdir().unwrap();
+        let o = own.path().display().to_string();
+        assert_eq!(accept_location(own.path(), &o).unwrap(), own.path());
+        assert_eq!(accept_location(own.path(), &format!("{o}/sub/dir")).unwrap(), own.path().join("sub/dir"));
+        assert!(own.path().join("sub/dir").is_dir());
+        for bad in ["/", "/etc", &format!("{o}-other"), &format!("{o}/../x")] {
+            assert!(accept_location(own.path(), bad).is_err(), "{bad}");
+        }
+        std::os::unix::fs::symlink("/", own.path().join("esc")).unwrap();
+        let err = accept_location(own.path(), &format!("{o}/esc/etc")).unwrap_err();
+        assert!(err.contains("symbolic link"), "{err}");
     }
 }

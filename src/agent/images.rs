@@ -4,8 +4,10 @@
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
 
 use super::podman::{Image, Podman};
 use crate::protocol::ImageReport;
@@ -15,8 +17,11 @@ pub const CHECK_EVERY: Duration = Duration::from_secs(30);
 
 #[derive(Debug, Default)]
 pub struct Images {
-    /// Set by a pull or a container's removal: the next heartbeat reads the list again.
-    changed: AtomicBool,
+    /// Told of a pull or a container's removal: the list is read again at once.
+    changed: Notify,
+    /// The list as last read, for the next heartbeat; it is read off the heartbeat's path, which
+    /// must not wait for podman.
+    latest: Mutex<Option<Vec<ImageReport>>>,
     /// When a worker last started from each image (by full name), in this agent's life; an
     /// image not started since counts as used when it was built.
     used: Mutex<HashMap<String, SystemTime>>,
@@ -24,11 +29,12 @@ pub struct Images {
 
 impl Images {
     pub fn changed(&self) {
-        self.changed.store(true, Ordering::Relaxed);
+        self.changed.notify_one();
     }
 
-    pub fn take_changed(&self) -> bool {
-        self.changed.swap(false, Ordering::Relaxed)
+    /// The images as last read; `None` before the first reading.
+    pub fn latest(&self) -> Option<Vec<ImageReport>> {
+        self.latest.lock().expect("not poisoned").clone()
     }
 
     /// A worker starts from `image` now.
@@ -80,6 +86,21 @@ pub fn to_remove<'a>(
             more
         })
         .collect()
+}
+
+/// Reads the images when told of a change, and every `CHECK_EVERY`, until `stop`.
+pub async fn watch(podman: &Podman, state: &Images, keep_free: u64, stop: CancellationToken) {
+    loop {
+        match reconcile(podman, state, keep_free).await {
+            Ok(list) => *state.latest.lock().expect("not poisoned") = Some(list),
+            Err(e) => tracing::warn!(error = %e, "cannot list this machine's images"),
+        }
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = state.changed.notified() => {}
+            _ = tokio::time::sleep(CHECK_EVERY) => {}
+        }
+    }
 }
 
 /// Reads the machine's images, removes what the disk cannot keep, and returns what is left.
@@ -144,7 +165,6 @@ mod tests {
         state.used("docker.io/library/a:1");
         let order = to_remove(&images, |i| state.last_used(i), 0, u64::MAX);
         assert_eq!(order.iter().map(|i| i.id.as_str()).collect::<Vec<_>>(), ["b", "a"]);
-        assert!(state.take_changed() && !state.take_changed());
     }
 
     #[test]

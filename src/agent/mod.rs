@@ -5,6 +5,7 @@
 pub mod cgroup;
 pub mod client;
 pub mod container;
+pub mod credential;
 pub mod disk;
 pub mod gpus;
 pub mod host;
@@ -15,7 +16,7 @@ pub mod podman;
 pub mod worker;
 
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -48,6 +49,8 @@ pub struct Machine {
     pub state: PathBuf,
     /// The label value that marks this agent's containers.
     pub home: String,
+    /// Its own `--data-location`: the only folder (or a folder beneath it) it keeps copies in.
+    pub own: PathBuf,
     pub gpus: gpus::Gpus,
     pub images: images::Images,
     /// `nofile` and `nproc` for containers: no higher than the agent's own, since podman's
@@ -71,6 +74,7 @@ impl Machine {
             podman: Podman::new(config.runtime.clone()),
             state,
             home: config.data_location.to_string_lossy().into_owned(),
+            own: config.data_location.clone(),
             gpus: gpus::Gpus::new(config.join.capacity.gpus),
             images: images::Images::default(),
             ulimits: (limit(Resource::Nofile), {
@@ -86,6 +90,33 @@ impl Machine {
 #[derive(Debug, Default)]
 pub struct Shared {
     pub data_location: Mutex<Option<PathBuf>>,
+    /// The last location refused, so that it is logged once, not at every heartbeat.
+    refused: Mutex<Option<String>>,
+}
+
+impl Shared {
+    /// Takes the location the server confirmed, if it is `own` or beneath it
+    /// (`disk::accept_location`); otherwise the machine has none.
+    fn confirm(&self, own: &Path, offered: Option<&str>) -> Option<PathBuf> {
+        let known = self.data_location.lock().expect("not poisoned").clone();
+        let accepted = match offered {
+            None => None,
+            Some(o) if known.as_deref().is_some_and(|k| k == Path::new(o)) => known,
+            Some(o) => match disk::accept_location(own, o) {
+                Ok(path) => Some(path),
+                Err(why) => {
+                    let mut refused = self.refused.lock().expect("not poisoned");
+                    if refused.as_deref() != Some(o) {
+                        tracing::warn!(offered = o, %why, "refusing the data location the server confirmed");
+                        *refused = Some(o.to_owned());
+                    }
+                    None
+                }
+            },
+        };
+        *self.data_location.lock().expect("not poisoned") = accepted.clone();
+        accepted
+    }
 }
 
 impl Config {
@@ -93,7 +124,7 @@ impl Config {
         use secrecy::ExposeSecret;
         let join = host::join_request(
             &args.name,
-            args.join_token.expose_secret(),
+            args.join_token.as_ref().map_or("", |t| t.expose_secret()),
             &args.data_location,
             &args.machine,
         )?;
@@ -120,18 +151,8 @@ pub async fn run(config: Config, stop: CancellationToken) -> anyhow::Result<()> 
     let ids: Vec<Uuid> = found.iter().map(|f| f.worker).collect();
     mounts::unstage_all_but(&machine.state, &ids);
     let mut client = Client::new(&config.server)?;
-    // The server may still be starting: keep trying until it answers. A refusal (a bad join
-    // token, a bad name) will not change by waiting.
-    let joined = loop {
-        match client.join(&config.join).await {
-            Ok(j) => break j,
-            Err(e) if client::is_refusal(&e) => return Err(e),
-            Err(e) => tracing::warn!(error = %e, "cannot join yet; retrying"),
-        }
-        tokio::select! {
-            _ = stop.cancelled() => return Ok(()),
-            _ = tokio::time::sleep(Duration::from_secs(2)) => {}
-        }
+    let Some(joined) = credential::join_or_resume(&mut client, &config, &machine.state, &stop).await? else {
+        return Ok(());
     };
     tracing::info!(machine = %joined.machine, cluster = %joined.cluster, "joined");
     let shared = Arc::new(Shared::default());
@@ -142,9 +163,15 @@ pub async fn run(config: Config, stop: CancellationToken) -> anyhow::Result<()> 
         shared.clone(),
         stop.clone(),
     ));
+    let images = tokio::spawn({
+        let (machine, stop) = (machine.clone(), stop.clone());
+        let keep_free = config.runtime.image_keep_free_bytes;
+        async move { images::watch(&machine.podman, &machine.images, keep_free, stop).await }
+    });
     let result = assignment_loop(client, machine, found, shared, stop.clone()).await;
     stop.cancel();
     let _ = heartbeat.await;
+    let _ = images.await;
     result
 }
 
@@ -155,9 +182,8 @@ async fn heartbeat_loop(
     shared: Arc<Shared>,
     stop: CancellationToken,
 ) {
-    // The images the server was last told of, and when the list was last read.
+    // The images the server was last told of.
     let mut told: Option<Vec<crate::protocol::ImageReport>> = None;
-    let mut checked: Option<std::time::Instant> = None;
     loop {
         let proposed = config.data_location.clone();
         let confirmed = shared.data_location.lock().expect("not poisoned").clone();
@@ -165,27 +191,22 @@ async fn heartbeat_loop(
             tokio::task::spawn_blocking(move || disk::report(confirmed.as_deref().unwrap_or(&proposed)))
                 .await
                 .unwrap_or_default();
-        if machine.images.take_changed() || checked.is_none_or(|c| c.elapsed() >= images::CHECK_EVERY) {
-            checked = Some(std::time::Instant::now());
-            let keep_free = config.runtime.image_keep_free_bytes;
-            match images::reconcile(&machine.podman, &machine.images, keep_free).await {
-                Ok(list) if told.as_ref() != Some(&list) => report.images = Some(list),
-                Ok(_) => {}
-                Err(e) => tracing::warn!(error = %e, "cannot list this machine's images"),
-            }
+        if let Some(list) = machine.images.latest()
+            && told.as_ref() != Some(&list)
+        {
+            report.images = Some(list);
         }
         match client.heartbeat(&report).await {
             Ok(answer) => {
                 if report.images.is_some() {
                     told = report.images.take();
                 }
-                let confirmed = answer.data_location.map(PathBuf::from);
+                let confirmed = shared.confirm(&config.data_location, answer.data_location.as_deref());
                 if let Some(dir) = &confirmed {
                     for folder in &answer.delete_copies {
                         disk::delete_copy(dir, folder);
                     }
                 }
-                *shared.data_location.lock().expect("not poisoned") = confirmed;
             }
             Err(e) => tracing::warn!(error = %e, "heartbeat failed"),
         }
@@ -243,11 +264,7 @@ async fn assignment_loop(
         version = assignments.version;
         // The location as of these assignments: a heartbeat may not have brought it yet.
         let data = match &assignments.data_location {
-            Some(dir) => {
-                let dir = PathBuf::from(dir);
-                *shared.data_location.lock().expect("not poisoned") = Some(dir.clone());
-                Some(dir)
-            }
+            Some(dir) => shared.confirm(&machine.own, Some(dir)),
             None => shared.data_location.lock().expect("not poisoned").clone(),
         };
         forget_ended(&finished, &mut running);

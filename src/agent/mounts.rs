@@ -52,6 +52,40 @@ pub fn open_sub_path(root: &Path, sub_path: &str) -> Result<ResolvedDir, String>
     Ok(ResolvedDir { fd: dir, path })
 }
 
+/// Opens `rel` (plain names) beneath `root`, making the folders that are missing, without
+/// following a symlink at any step: a folder that an agent makes beneath its own is never a
+/// folder a link pointed it to.
+pub fn make_beneath(root: &Path, rel: &str) -> Result<(), String> {
+    let flags = OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC | OFlags::NOFOLLOW;
+    let mut dir = rustix::fs::openat(CWD, root, flags, Mode::empty())
+        .map_err(|e| format!("{}: {e}", root.display()))?;
+    for name in rel.split('/').filter(|n| !n.is_empty()) {
+        if name == "." || name == ".." {
+            return Err(format!("{rel}: {name:?} is not a plain name"));
+        }
+        let opened = match rustix::fs::openat(&dir, name, flags, Mode::empty()) {
+            Err(Errno::NOENT) => {
+                // O_PATH cannot make: a plain descriptor of the same folder can.
+                let plain = rustix::fs::openat(
+                    &dir,
+                    ".",
+                    OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+                    Mode::empty(),
+                )
+                .map_err(|e| format!("{rel}: {e}"))?;
+                match rustix::fs::mkdirat(&plain, name, Mode::from_raw_mode(0o755)) {
+                    Ok(()) | Err(Errno::EXIST) => {}
+                    Err(e) => return Err(format!("{rel}: cannot make {name:?}: {e}")),
+                }
+                rustix::fs::openat(&dir, name, flags, Mode::empty())
+            }
+            other => other,
+        };
+        dir = opened.map_err(|e| format!("{rel}: {name:?} {}", why_not_dir(&dir, name, e)))?;
+    }
+    Ok(())
+}
+
 /// Turns a failed open into words: the errno alone (ELOOP, ENOTDIR) is cryptic.
 fn why_not_dir(dir: &OwnedFd, name: &str, err: Errno) -> String {
     match rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW) {
@@ -112,6 +146,19 @@ pub fn unstage_all_but(state: &Path, keep: &[uuid::Uuid]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn folders_are_made_beneath_the_root_and_never_through_a_link() {
+        let root = tempfile::tempdir().unwrap();
+        let elsewhere = tempfile::tempdir().unwrap();
+        make_beneath(root.path(), "a/b").unwrap();
+        assert!(root.path().join("a/b").is_dir());
+        std::os::unix::fs::symlink(elsewhere.path(), root.path().join("esc")).unwrap();
+        let err = make_beneath(root.path(), "esc/c").unwrap_err();
+        assert!(err.ends_with("\"esc\" is a symbolic link"), "{err}");
+        assert!(!elsewhere.path().join("c").exists());
+        assert!(make_beneath(root.path(), "a/../..").is_err());
+    }
 
     #[test]
     fn a_sub_path_through_a_symlink_is_refused_with_the_component_named() {

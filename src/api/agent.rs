@@ -93,9 +93,6 @@ async fn join(
     State(app): State<AppState>,
     Body(req): Body<JoinRequest>,
 ) -> Result<Json<JoinResponse>, ApiError> {
-    let cluster = store::join_tokens::cluster_for(&app.db, &machine::hash_join_token(&req.join_token))
-        .await?
-        .ok_or_else(|| ApiError::Unauthorized("the join token is not valid, expired or revoked".into()))?;
     let mut p = Problems::default();
     for (i, t) in req.transports.iter().enumerate() {
         if t != "nfs" && t != "rdma" {
@@ -113,6 +110,10 @@ async fn join(
     p.finish().map_err(ApiError::Invalid)?;
     let credential_id = Uuid::now_v7();
     let mut tx = app.db.begin().await?;
+    let cluster =
+        store::join_tokens::use_one(&mut *tx, &machine::hash_join_token(&req.join_token)).await?.ok_or_else(
+            || ApiError::Unauthorized("the join token is not valid, expired, used up or revoked".into()),
+        )?;
     let m = store::machines::join(
         &mut *tx,
         &Joining {
@@ -128,12 +129,17 @@ async fn join(
             credential_id,
         },
     )
-    .await?;
+    .await?
+    .ok_or_else(|| {
+        // Dropping the transaction gives the token's use back.
+        ApiError::Conflict(format!(
+            "machine {} already exists in cluster {cluster}: a machine that restarts comes back with the \
+             credential it keeps; to join under this name again, delete the machine first",
+            req.name
+        ))
+    })?;
     hub::request_schedule(&mut *tx).await?;
-    // Its previous credential, if any, no longer opens this API.
-    hub::revoked(&mut *tx, m.id).await?;
     tx.commit().await?;
-    app.hub.credentials.forget(m.id);
     tracing::info!(machine = %m.name, cluster = %m.cluster, "machine joined");
     let expires = Utc::now() + chrono::Duration::days(365);
     let credential = machine::mint_credential(&app.keys, m.id, &m.name, &m.cluster, credential_id, expires);

@@ -25,7 +25,6 @@ use crate::domain::Name;
 use crate::domain::drive::full_name;
 use crate::domain::path::AbsPath;
 use crate::domain::quantity::CpuCores;
-use crate::domain::role::Role;
 use crate::hub;
 use crate::protocol::ImageReport;
 use crate::store::{self, copies::MachineCopyRecord, join_tokens::JoinTokenRecord, machines::MachineRecord};
@@ -298,12 +297,13 @@ pub struct ConfirmDataLocation {
     pub limit_bytes: Option<i64>,
 }
 
-/// Confirm where the machine keeps copies (Machines → machine → Data location → Confirm).
+/// Confirm where the machine keeps copies (Machines → machine → Data location → Confirm): for
+/// organisation admins, since every workspace shares the machine.
 #[utoipa::path(post, path = "/machines/{name}/data-location", tag = "machines", params(("name" = String, Path)),
     request_body = ConfirmDataLocation,
     responses(
         (status = 200, body = Machine),
-        (status = 403, description = "Not an admin token", body = ErrorBody),
+        (status = 403, description = "Not an organisation admin's token", body = ErrorBody),
         (status = 404, body = ErrorBody),
         (status = 422, body = ErrorBody),
     ),
@@ -314,7 +314,7 @@ pub async fn confirm_data_location(
     Path(name): Path<String>,
     Body(input): Body<ConfirmDataLocation>,
 ) -> Result<Json<Machine>, ApiError> {
-    caller.require(Role::Admin, "confirm data locations")?;
+    caller.require_org_admin("confirm data locations")?;
     if input.path.is_root() {
         return Err(ApiError::invalid("path", "a data location cannot be /"));
     }
@@ -338,6 +338,8 @@ pub struct JoinToken {
     pub created_at: DateTime<Utc>,
     pub expires_at: DateTime<Utc>,
     pub revoked_at: Option<DateTime<Utc>>,
+    /// Machines it may still admit.
+    pub uses_left: i32,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -356,6 +358,7 @@ impl From<JoinTokenRecord> for JoinToken {
             created_at: r.created_at,
             expires_at: r.expires_at,
             revoked_at: r.revoked_at,
+            uses_left: r.uses_left,
         }
     }
 }
@@ -366,6 +369,9 @@ pub struct JoinTokenInput {
     /// Lifetime in seconds (default 1 day, at most a year).
     #[schema(minimum = 1, maximum = 31536000)]
     pub ttl_seconds: Option<i64>,
+    /// How many machines it admits (default 1, at most 10,000).
+    #[schema(minimum = 1, maximum = 10000)]
+    pub uses: Option<i32>,
 }
 
 /// 404 unless a cluster of that name exists.
@@ -399,9 +405,13 @@ pub async fn create_join_token(
     if !(1..=365 * 24 * 3600).contains(&ttl) {
         return Err(ApiError::invalid("ttl_seconds", "must be between 1 and 31536000"));
     }
+    let uses = input.uses.unwrap_or(1);
+    if !(1..=10_000).contains(&uses) {
+        return Err(ApiError::invalid("uses", "must be between 1 and 10000"));
+    }
     let (token, hash) = new_join_token();
-    let record =
-        store::join_tokens::insert(&app.db, &name, &hash, Utc::now() + Duration::seconds(ttl)).await?;
+    let expires = Utc::now() + Duration::seconds(ttl);
+    let record = store::join_tokens::insert(&app.db, &name, &hash, expires, uses).await?;
     Ok((StatusCode::CREATED, Json(CreatedJoinToken { info: record.into(), token })))
 }
 

@@ -212,7 +212,9 @@ async fn against(
     let drives: Vec<serde_json::Value> =
         (0..plan.drives).map(|i| placement::drive_body(&placement::drive_name(i))).collect();
     placement::post_all(&api, "/drives", drives, 8).await?;
-    let join = api.post("/clusters/main/join-tokens", &json!({"ttl_seconds": 86400})).await?;
+    // One use per simulated machine (the small fleet is the large one's first machines).
+    let uses = plan.machines.min(10_000);
+    let join = api.post("/clusters/main/join-tokens", &json!({"ttl_seconds": 86400, "uses": uses})).await?;
     let join = join["token"].as_str().context("no join token in the answer")?.to_owned();
     let fleet = Fleet::new(http.clone(), api.clone(), join, plan.capacity(), plan.interval, plan.agent_calls);
     let cpu = || server.cpu_seconds();

@@ -92,7 +92,9 @@ async fn serve(args: &DevArgs, url: &str, interrupted: &CancellationToken) -> an
     };
     let (_, token) = issue::issue(&db, &keys, &request).await?;
     let (join_token, hash) = new_join_token();
-    store::join_tokens::insert(&db, "main", &hash, Utc::now() + chrono::Duration::days(1)).await?;
+    // One use per machine: a machine that restarts comes back with its credential file.
+    let uses = i32::try_from(args.machines).unwrap_or(i32::MAX);
+    store::join_tokens::insert(&db, "main", &hash, Utc::now() + chrono::Duration::days(1), uses).await?;
     write_env(state, &base, &token)?;
 
     let app = AppState::new(db.clone(), keys);

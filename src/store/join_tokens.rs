@@ -11,31 +11,39 @@ pub struct JoinTokenRecord {
     pub created_at: DateTime<Utc>,
     pub expires_at: DateTime<Utc>,
     pub revoked_at: Option<DateTime<Utc>>,
+    /// Machines it may still admit.
+    pub uses_left: i32,
 }
 
-const COLUMNS: &str = "id, cluster, created_at, expires_at, revoked_at";
+const COLUMNS: &str = "id, cluster, created_at, expires_at, revoked_at, uses_left";
 
 pub async fn insert(
     db: impl PgExecutor<'_>,
     cluster: &str,
     hash: &[u8],
     expires_at: DateTime<Utc>,
+    uses: i32,
 ) -> sqlx::Result<JoinTokenRecord> {
     sqlx::query_as(&format!(
-        "INSERT INTO join_tokens (id, cluster, secret_hash, expires_at) VALUES ($1, $2, $3, $4) RETURNING {COLUMNS}"
+        "INSERT INTO join_tokens (id, cluster, secret_hash, expires_at, uses_left) VALUES ($1, $2, $3, $4, $5)
+         RETURNING {COLUMNS}"
     ))
     .bind(Uuid::now_v7())
     .bind(cluster)
     .bind(hash)
     .bind(expires_at)
+    .bind(uses)
     .fetch_one(db)
     .await
 }
 
-/// The cluster an active join token admits to.
-pub async fn cluster_for(db: impl PgExecutor<'_>, hash: &[u8]) -> sqlx::Result<Option<String>> {
+/// Takes one use of an active join token; the cluster it admits to. Run inside the join's
+/// transaction: a join that fails gives the use back.
+pub async fn use_one(db: impl PgExecutor<'_>, hash: &[u8]) -> sqlx::Result<Option<String>> {
     sqlx::query_scalar(
-        "SELECT cluster FROM join_tokens WHERE secret_hash = $1 AND revoked_at IS NULL AND expires_at > now()",
+        "UPDATE join_tokens SET uses_left = uses_left - 1
+         WHERE secret_hash = $1 AND revoked_at IS NULL AND expires_at > now() AND uses_left > 0
+         RETURNING cluster",
     )
     .bind(hash)
     .fetch_optional(db)

@@ -53,17 +53,15 @@ pub struct Joining<'a> {
     pub credential_id: Uuid,
 }
 
-/// Registers the machine, or refreshes it and rotates its credential when it joins again.
-pub async fn join(db: impl PgExecutor<'_>, j: &Joining<'_>) -> sqlx::Result<MachineRecord> {
+/// Registers a new machine; `None` when the cluster has one of that name already. A join never
+/// takes a machine's name, and so never its credential: a machine that restarts comes back
+/// with the credential it keeps.
+pub async fn join(db: impl PgExecutor<'_>, j: &Joining<'_>) -> sqlx::Result<Option<MachineRecord>> {
     sqlx::query_as(&format!(
         "INSERT INTO machines (id, cluster, name, pool, labels, transports, cpu_millis, memory_bytes, gpus,
                                data_proposed, credential_id)
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
-         ON CONFLICT ON CONSTRAINT machines_cluster_name_key DO UPDATE SET
-             pool = EXCLUDED.pool, labels = EXCLUDED.labels, transports = EXCLUDED.transports,
-             cpu_millis = EXCLUDED.cpu_millis, memory_bytes = EXCLUDED.memory_bytes, gpus = EXCLUDED.gpus,
-             data_proposed = EXCLUDED.data_proposed, credential_id = EXCLUDED.credential_id,
-             state = 'Ready', last_heartbeat_at = now(), assign_version = machines.assign_version + 1
+         ON CONFLICT ON CONSTRAINT machines_cluster_name_key DO NOTHING
          RETURNING {COLUMNS}"
     ))
     .bind(Uuid::now_v7())
@@ -77,7 +75,7 @@ pub async fn join(db: impl PgExecutor<'_>, j: &Joining<'_>) -> sqlx::Result<Mach
     .bind(j.gpus)
     .bind(j.data_proposed)
     .bind(j.credential_id)
-    .fetch_one(db)
+    .fetch_optional(db)
     .await
 }
 

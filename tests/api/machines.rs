@@ -109,3 +109,59 @@ async fn workers_that_fit_no_machine_hold_up_none_behind_them(db: sqlx::PgPool) 
         assert!(waiting["status"]["reason"].as_str().unwrap().contains("Insufficient gpus"), "{waiting}");
     }
 }
+
+/// A join of machine `name` with `token`: its status and answer.
+async fn join_with(app: &TestApp, token: &Value, name: &str) -> (u16, Value) {
+    let body = json!({
+        "join_token": token,
+        "name": name,
+        "capacity": {"cpu_cores": 2, "memory_bytes": 1u64 << 32, "gpus": 0},
+    });
+    let joined = app.client.post(format!("{}/agent/v1/join", app.address)).json(&body).send().await.unwrap();
+    let status = joined.status().as_u16();
+    (status, joined.json().await.unwrap_or_default())
+}
+
+#[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
+async fn a_join_token_admits_as_many_machines_as_it_was_minted_for_and_never_takes_a_name(db: sqlx::PgPool) {
+    let app = spawn_app(db).await;
+    let admin = app.token_for("default", Role::Admin, true).await;
+    let mint = |body: Value| {
+        let (app, admin) = (&app, &admin);
+        async move { app.request(Method::POST, "/clusters/main/join-tokens", Some(admin), Some(&body)).await }
+    };
+    let two = mint(json!({"uses": 2})).await;
+    assert_eq!(two.status, 201, "{}", two.text);
+    assert_eq!(two.json()["uses_left"], 2);
+    let token = two.json()["token"].clone();
+
+    let (status, first) = join_with(&app, &token, "gpu-01").await;
+    assert_eq!(status, 200, "{first}");
+    // Holding a token is not holding gpu-01: its name is taken, its credential stays its own,
+    // and the refused join does not use the token up.
+    let (status, taken) = join_with(&app, &token, "gpu-01").await;
+    assert_eq!(status, 409, "{taken}");
+    assert!(taken["error"]["message"].as_str().unwrap().contains("machine gpu-01 already exists"), "{taken}");
+    let beat = json!({"data_location": {"total_bytes": 1, "used_bytes": 0, "free_bytes": 1}});
+    let heartbeat = app
+        .client
+        .post(format!("{}/agent/v1/heartbeat", app.address))
+        .bearer_auth(first["credential"].as_str().unwrap())
+        .json(&beat)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(heartbeat.status().as_u16(), 200);
+    assert_eq!(join_with(&app, &token, "gpu-02").await.0, 200);
+    let (status, used_up) = join_with(&app, &token, "gpu-03").await;
+    assert_eq!(status, 401, "{used_up}");
+    assert!(used_up["error"]["message"].as_str().unwrap().contains("used up"), "{used_up}");
+
+    let listed = app.request(Method::GET, "/clusters/main/join-tokens", Some(&admin), None).await;
+    assert_eq!(listed.json()["items"][0]["uses_left"], 0, "{}", listed.text);
+    for uses in [0, 10_001] {
+        let refused = mint(json!({"uses": uses})).await;
+        assert_eq!(refused.status, 422, "{}", refused.text);
+        assert_eq!(refused.json()["error"]["fields"][0]["path"], "uses");
+    }
+}

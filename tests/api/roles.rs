@@ -156,12 +156,13 @@ async fn cases_for(app: &TestApp, who: Who) -> Vec<Case> {
         case(M::POST, "/workspaces".into(), Some(json!({"name": format!("ws-{s}")})), Who::OrgAdmin, 201),
         case(M::POST, "/clusters/main/join-tokens".into(), Some(json!({})), Who::OrgAdmin, 201),
         case(M::DELETE, format!("/clusters/main/join-tokens/{join}"), None, Who::OrgAdmin, 200),
-        // No machine has joined: an admin learns that, anyone less is refused first.
+        // No machine has joined: an organisation admin learns that, anyone less is refused first
+        // (a machine is every workspace's, so no workspace admin may point its copies anywhere).
         case(
             M::POST,
             "/machines/gpu-01/data-location".into(),
             Some(json!({"path": "/data"})),
-            Who::Admin,
+            Who::OrgAdmin,
             404,
         ),
         case(M::POST, "/clusters".into(), Some(json!({"name": format!("cluster-{s}")})), Who::OrgAdmin, 201),

@@ -326,7 +326,7 @@ impl Cluster {
         };
         let (_, token) = issue::issue(pool, &keys, &request).await.unwrap();
         let (join_token, hash) = new_join_token();
-        store::join_tokens::insert(pool, "main", &hash, Utc::now() + chrono::Duration::hours(2))
+        store::join_tokens::insert(pool, "main", &hash, Utc::now() + chrono::Duration::hours(2), 100)
             .await
             .unwrap();
         let stop = CancellationToken::new();

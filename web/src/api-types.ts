@@ -881,7 +881,10 @@ export interface paths {
         };
         get?: never;
         put?: never;
-        /** Confirm where the machine keeps copies (Machines → machine → Data location → Confirm). */
+        /**
+         * Confirm where the machine keeps copies (Machines → machine → Data location → Confirm): for
+         *     organisation admins, since every workspace shares the machine.
+         */
         post: {
             parameters: {
                 query?: never;
@@ -907,7 +910,7 @@ export interface paths {
                 };
                 400: components["responses"]["BadRequest"];
                 401: components["responses"]["Unauthorized"];
-                /** @description Not an admin token */
+                /** @description Not an organisation admin's token */
                 403: {
                     headers: {
                         [name: string]: unknown;
@@ -2197,6 +2200,11 @@ export interface components {
             id: string;
             /** Format: date-time */
             revoked_at?: string | null;
+            /**
+             * Format: int32
+             * @description Machines it may still admit.
+             */
+            uses_left: number;
         };
         JoinTokenInput: {
             /**
@@ -2204,6 +2212,11 @@ export interface components {
              * @description Lifetime in seconds (default 1 day, at most a year).
              */
             ttl_seconds?: number | null;
+            /**
+             * Format: int32
+             * @description How many machines it admits (default 1, at most 10,000).
+             */
+            uses?: number | null;
         };
         List_Copy: {
             items: {
@@ -2303,6 +2316,11 @@ export interface components {
                 id: string;
                 /** Format: date-time */
                 revoked_at?: string | null;
+                /**
+                 * Format: int32
+                 * @description Machines it may still admit.
+                 */
+                uses_left: number;
             }[];
             /**
              * Format: uuid

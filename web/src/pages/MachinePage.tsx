@@ -1,6 +1,6 @@
 import { useState } from 'preact/hooks';
 import { ApiError, enc, get, type Machine, post } from '../api';
-import { can } from '../auth';
+import { claims } from '../auth';
 import { bytes, cores, mem } from '../format';
 import { Events } from '../events';
 import { useMorePages, usePoll, useTitle } from '../hooks';
@@ -201,7 +201,8 @@ function DataLocation({ machine, onChanged }: { machine: Machine; onChanged: () 
   const [error, setError] = useState<unknown>();
   const [busy, setBusy] = useState(false);
   const [done, setDone] = useState<string>();
-  const admin = can('admin');
+  // A machine is every workspace's: only an organisation admin points its copies somewhere.
+  const admin = !!claims()?.org;
   const showForm = admin && (!d.confirmed || editing);
 
   const confirm = async (e: Event) => {

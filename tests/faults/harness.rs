@@ -80,7 +80,9 @@ impl Cluster {
         }
         let token = setup::admin_token(&exe, &pg.url, &key).await?;
         let api = Api::new(http.clone(), &bases[0], &token);
-        let join = api.post("/clusters/main/join-tokens", &json!({"ttl_seconds": 86400})).await?;
+        // Every simulated machine of the test joins with it.
+        let join =
+            api.post("/clusters/main/join-tokens", &json!({"ttl_seconds": 86400, "uses": 10_000})).await?;
         let join = join["token"].as_str().context("no join token in the answer")?.to_owned();
         let capacity = Capacity { cpu_cores: cores, memory_bytes: u64::from(cores) << 30, gpus: 0 };
         let fleet = Fleet::new(http.clone(), api, join, capacity, Duration::from_secs(1), 4096);

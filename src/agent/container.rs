@@ -149,18 +149,12 @@ fn pair(args: &mut Vec<String>, flag: &str, value: String) {
     args.push(value);
 }
 
-/// Splits the worker's environment between the env file and podman's own environment. A value
-/// with a newline cannot be written as a `NAME=value` line.
-pub fn env_file_text(env: &[(String, String)]) -> (String, Vec<String>) {
-    let mut text = String::new();
-    let mut inherited = Vec::new();
-    for (name, value) in env {
-        if value.contains('\n') || value.contains('\r') {
-            inherited.push(name.clone());
-        } else {
-            text.push_str(&format!("{name}={value}\n"));
-        }
-    }
+/// Splits the worker's environment between the env file's text and the variables podman must
+/// take from its own environment: a value with a newline cannot be a `NAME=value` line.
+pub fn env_file_text(env: &[(String, String)]) -> (String, Vec<(String, String)>) {
+    let (inherited, plain): (Vec<_>, Vec<_>) =
+        env.iter().cloned().partition(|(_, v)| v.contains(['\n', '\r']));
+    let text = plain.iter().map(|(name, value)| format!("{name}={value}\n")).collect();
     (text, inherited)
 }
 
@@ -254,6 +248,6 @@ mod tests {
         let env = vec![("A".into(), "1 2".into()), ("PEM".into(), "-----\nkey\n".into())];
         let (text, inherited) = env_file_text(&env);
         assert_eq!(text, "A=1 2\n");
-        assert_eq!(inherited, ["PEM"]);
+        assert_eq!(inherited.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(), ["PEM"]);
     }
 }

@@ -35,7 +35,7 @@ pub fn report(dir: &Path) -> HeartbeatRequest {
 /// `<dir>/drives`, opened without following a symlink there.
 fn open_drives(dir: &Path) -> Option<OwnedFd> {
     let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC | OFlags::NOFOLLOW;
-    rustix::fs::openat(CWD, &dir.join("drives"), flags, Mode::empty()).ok()
+    rustix::fs::openat(CWD, dir.join("drives"), flags, Mode::empty()).ok()
 }
 
 /// The path of `drives/` through its descriptor: nothing after it is looked up from the top.

@@ -13,7 +13,7 @@ use super::podman::{Image, Podman};
 use crate::protocol::ImageReport;
 
 /// How often the list is read again when no pull has changed it.
-pub const CHECK_EVERY: Duration = Duration::from_secs(30);
+const CHECK_EVERY: Duration = Duration::from_secs(30);
 
 #[derive(Debug, Default)]
 pub struct Images {
@@ -66,12 +66,12 @@ pub fn report(images: &[Image]) -> Vec<ImageReport> {
 
 /// The images to remove so that `free` bytes become at least `keep_free`: those no container
 /// uses, least recently used first, until enough would be freed.
-pub fn to_remove<'a>(
-    images: &'a [Image],
+pub fn to_remove(
+    images: &[Image],
     last_used: impl Fn(&Image) -> SystemTime,
     free: u64,
     keep_free: u64,
-) -> Vec<&'a Image> {
+) -> Vec<&Image> {
     if free >= keep_free {
         return vec![];
     }
@@ -90,8 +90,21 @@ pub fn to_remove<'a>(
 
 /// Reads the images when told of a change, and every `CHECK_EVERY`, until `stop`.
 pub async fn watch(podman: &Podman, state: &Images, keep_free: u64, stop: CancellationToken) {
+    // Where podman keeps images does not move while the agent runs.
+    let mut root = None;
     loop {
-        match reconcile(podman, state, keep_free).await {
+        if root.is_none() {
+            root = podman
+                .graph_root()
+                .await
+                .inspect_err(|e| tracing::warn!(error = %e, "cannot ask podman where it keeps images"))
+                .ok();
+        }
+        let listed = match &root {
+            Some(root) => reconcile(podman, state, root, keep_free).await,
+            None => Err("podman did not say where it keeps images".to_owned()),
+        };
+        match listed {
             Ok(list) => *state.latest.lock().expect("not poisoned") = Some(list),
             Err(e) => tracing::warn!(error = %e, "cannot list this machine's images"),
         }
@@ -104,10 +117,14 @@ pub async fn watch(podman: &Podman, state: &Images, keep_free: u64, stop: Cancel
 }
 
 /// Reads the machine's images, removes what the disk cannot keep, and returns what is left.
-pub async fn reconcile(podman: &Podman, state: &Images, keep_free: u64) -> Result<Vec<ImageReport>, String> {
+pub async fn reconcile(
+    podman: &Podman,
+    state: &Images,
+    root: &Path,
+    keep_free: u64,
+) -> Result<Vec<ImageReport>, String> {
     let images = podman.images().await?;
-    let root = podman.graph_root().await?;
-    let free = free_bytes(&root);
+    let free = free_bytes(root);
     let doomed = to_remove(&images, |i| state.last_used(i), free, keep_free);
     if doomed.is_empty() {
         return Ok(report(&images));

@@ -47,19 +47,24 @@ pub struct Machine {
     /// The agent's own folder (`<data location>/.agent`, mode 0700): environment files and the
     /// binds of workers' drives.
     pub state: PathBuf,
-    /// The label value that marks this agent's containers.
-    pub home: String,
-    /// Its own `--data-location`: the only folder (or a folder beneath it) it keeps copies in.
+    /// Its own `--data-location`: the only folder (or a folder beneath it) it keeps copies in,
+    /// and the label that marks its containers (`Machine::home`).
     pub own: PathBuf,
     pub gpus: gpus::Gpus,
     pub images: images::Images,
     /// `nofile` and `nproc` for containers: no higher than the agent's own, since podman's
     /// defaults can exceed what the host lets it set. `nproc` is also held to the pids limit:
-    /// podman lowers its own (32768 in 4.3), and runc may not raise it back.
+    /// podman lowers its own below the agent's, and runc may not raise it back.
     pub ulimits: (Ulimit, Ulimit),
 }
 
 impl Machine {
+    /// The value of the label that marks this agent's containers: several agents may share a
+    /// host (dev mode), each minding its own.
+    pub fn home(&self) -> String {
+        self.own.to_string_lossy().into_owned()
+    }
+
     fn new(config: &Config) -> anyhow::Result<Machine> {
         use std::os::unix::fs::DirBuilderExt;
         let state = config.data_location.join(".agent");
@@ -73,7 +78,6 @@ impl Machine {
         Ok(Machine {
             podman: Podman::new(config.runtime.clone()),
             state,
-            home: config.data_location.to_string_lossy().into_owned(),
             own: config.data_location.clone(),
             gpus: gpus::Gpus::new(config.join.capacity.gpus),
             images: images::Images::default(),
@@ -145,7 +149,7 @@ pub async fn run(config: Config, stop: CancellationToken) -> anyhow::Result<()> 
     // Containers left by this agent's last life: followed again if still assigned.
     let found = machine
         .podman
-        .own(&machine.home)
+        .own(&machine.home())
         .await
         .map_err(|e| anyhow::anyhow!("cannot list containers: {e}"))?;
     let ids: Vec<Uuid> = found.iter().map(|f| f.worker).collect();
@@ -201,7 +205,7 @@ async fn heartbeat_loop(
                 if report.images.is_some() {
                     told = report.images.take();
                 }
-                let confirmed = shared.confirm(&config.data_location, answer.data_location.as_deref());
+                let confirmed = shared.confirm(&machine.own, answer.data_location.as_deref());
                 if let Some(dir) = &confirmed {
                     for folder in &answer.delete_copies {
                         disk::delete_copy(dir, folder);
@@ -298,9 +302,7 @@ async fn assignment_loop(
         for (worker, f) in adopted {
             tracing::info!(%worker, container = %f.id, "removing a container no longer assigned");
             machine.podman.stop(&f.id).await;
-            machine.podman.remove(&f.id).await;
-            mounts::unstage(&mounts::worker_dir(&machine.state, worker));
-            cgroup::remove(worker);
+            worker::cleanup(&machine, worker, Some(&f.id), &[]).await;
         }
     }
     for token in running.values() {

@@ -26,13 +26,9 @@ impl ResolvedDir {
     }
 }
 
-/// Resolves `sub_path` (relative, already validated: no `..`, no empty components) inside `root`
-/// without following any symlink, so the result can never leave `root`. Errors name the component.
-pub fn resolve_sub_path(root: &Path, sub_path: &str) -> Result<PathBuf, String> {
-    open_sub_path(root, sub_path).map(|dir| dir.path)
-}
-
-/// Like `resolve_sub_path`, but keeps the final directory open for `stage`.
+/// Opens `sub_path` (relative, already validated: no `..`, no empty components) inside `root`
+/// without following any symlink, so the result can never leave `root`, and keeps it open for
+/// `stage`. Errors name the component.
 pub fn open_sub_path(root: &Path, sub_path: &str) -> Result<ResolvedDir, String> {
     // O_PATH: only a handle for lookups and binding, no read permission needed.
     let flags = OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC;
@@ -166,8 +162,9 @@ mod tests {
         std::fs::create_dir_all(root.path().join("a/b")).unwrap();
         std::os::unix::fs::symlink("/", root.path().join("esc")).unwrap();
         std::fs::write(root.path().join("file"), "").unwrap();
-        assert_eq!(resolve_sub_path(root.path(), "a/b").unwrap(), root.path().join("a/b"));
-        assert_eq!(resolve_sub_path(root.path(), "").unwrap(), root.path());
+        let resolve = |sub: &str| open_sub_path(root.path(), sub).map(|d| d.path().to_path_buf());
+        assert_eq!(resolve("a/b").unwrap(), root.path().join("a/b"));
+        assert_eq!(resolve("").unwrap(), root.path());
         let cases = [
             ("esc", "\"esc\" is a symbolic link"),
             ("esc/etc", "\"esc\" is a symbolic link"),
@@ -176,7 +173,7 @@ mod tests {
             ("a/../..", "\"..\" is not a plain name"),
         ];
         for (sub, why) in cases {
-            let err = resolve_sub_path(root.path(), sub).unwrap_err();
+            let err = resolve(sub).unwrap_err();
             assert!(err.ends_with(why), "{sub}: {err}");
         }
     }

@@ -1,7 +1,7 @@
 //! podman, called by absolute path with an environment of the agent's own: nothing a worker
 //! sets (its `PATH`, a `bin/` in its copy) can change which program runs on the host.
 
-use std::ffi::OsString;
+use std::ffi::{OsStr, OsString};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
@@ -159,7 +159,12 @@ impl Podman {
     }
 
     /// Runs `podman args…` and returns its stdout, or its own words for why it failed.
-    async fn run(&self, args: &[&str], env: &[(String, String)]) -> Result<String, String> {
+    /// `env` is podman's own environment, for the worker's variables passed by name.
+    async fn run(
+        &self,
+        args: impl IntoIterator<Item = impl AsRef<OsStr>>,
+        env: &[(String, String)],
+    ) -> Result<String, String> {
         let mut cmd = self.command();
         cmd.args(args).envs(env.iter().map(|(k, v)| (k, v)));
         let out = cmd.output().await.map_err(|e| format!("{}: {e}", self.config.podman.display()))?;
@@ -184,15 +189,9 @@ impl Podman {
         self.run(&args, &[]).await.map(drop)
     }
 
-    /// `podman create`: `env` is podman's own environment, for variables passed by name.
+    /// `podman create …`; the container's id.
     pub async fn create(&self, args: Vec<OsString>, env: &[(String, String)]) -> Result<String, String> {
-        let mut cmd = self.command();
-        cmd.args(args).envs(env.iter().map(|(k, v)| (k, v)));
-        let out = cmd.output().await.map_err(|e| format!("{}: {e}", self.config.podman.display()))?;
-        if !out.status.success() {
-            return Err(reason(&String::from_utf8_lossy(&out.stderr), out.status));
-        }
-        Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+        self.run(args, env).await.map(|id| id.trim().to_owned())
     }
 
     pub async fn start(&self, id: &str) -> Result<(), String> {

@@ -2,7 +2,7 @@
 //! own, ship its output, and report how it ended.
 
 use std::io::Write;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt, chown};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt, lchown};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -15,6 +15,7 @@ use super::output::{self, LogLine, Stream};
 use super::podman::{Found, State};
 use super::{Machine, cgroup, gpus, mounts};
 use crate::domain::image::ImageRef;
+use crate::domain::quantity::binary_bytes;
 use crate::domain::run::WorkerState;
 use crate::protocol::{Assignment, EventReport, LogLineIn, MountSource, StatusReport};
 
@@ -24,7 +25,7 @@ const FLUSH: Duration = Duration::from_millis(100);
 /// Pulls tried before the worker fails, the first retry after `PULL_BACKOFF`, doubling.
 const PULL_ATTEMPTS: u32 = 3;
 const PULL_BACKOFF: Duration = Duration::from_secs(2);
-/// How long to wait for the log pipes to close once the container is gone.
+/// How long the log file's reader may take to finish once the container is gone.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 /// catatonit, the container's pid 1, exits 128 + N for a worker killed by signal N.
 const SIGKILL_EXIT: i32 = 128 + 9;
@@ -51,22 +52,6 @@ impl Outcome {
     }
 }
 
-/// `256 MiB`, `1.5 GiB`: memory requests are powers of two more often than not.
-fn binary_bytes(bytes: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut value = bytes as f64;
-    let mut unit = 0;
-    while value >= 1024.0 && unit < UNITS.len() - 1 {
-        value /= 1024.0;
-        unit += 1;
-    }
-    if value.fract() == 0.0 {
-        format!("{value} {}", UNITS[unit])
-    } else {
-        format!("{value:.1} {}", UNITS[unit])
-    }
-}
-
 pub async fn run(
     client: &Client,
     machine: &Machine,
@@ -78,7 +63,7 @@ pub async fn run(
     if let Some(found) = adopted {
         if machine.podman.state(&found.id).await == Ok(State::Created) {
             // Made but never started: the agent stopped in between. Start over.
-            cleanup(machine, &a, Some(&found.id)).await;
+            cleanup(machine, a.uid, Some(&found.id), &[]).await;
         } else {
             tracing::info!(worker = %a.name, container = %found.id, "the agent restarted: following the worker's container again");
             machine.gpus.claim(&found.gpus);
@@ -110,22 +95,21 @@ pub async fn run(
         let why = format!("{} GPUs asked for, but fewer are free on this machine", a.resources.gpus);
         return fail(client, &a, &why).await;
     };
-    let id = match create(machine, &a, data_location.as_deref(), &image, &gpus).await {
+    // Read once: the container gets the devices and the worker's event says so.
+    let cdi = !gpus.is_empty() && gpus::cdi_has_kind(&machine.podman.config().gpu_kind);
+    let id = match create(machine, &a, data_location.as_deref(), &image, &gpus, cdi).await {
         Ok(id) => id,
         Err(why) => {
-            machine.gpus.give_back(&gpus);
-            cleanup(machine, &a, None).await;
+            cleanup(machine, a.uid, None, &gpus).await;
             return fail(client, &a, &why).await;
         }
     };
-    if !resumed && !report_started(client, machine, &a, &image, &gpus).await {
-        machine.gpus.give_back(&gpus);
-        cleanup(machine, &a, Some(&id)).await;
+    if !resumed && !report_started(client, machine, &a, &image, &gpus, cdi).await {
+        cleanup(machine, a.uid, Some(&id), &gpus).await;
         return;
     }
     if let Err(why) = machine.podman.start(&id).await {
-        machine.gpus.give_back(&gpus);
-        cleanup(machine, &a, Some(&id)).await;
+        cleanup(machine, a.uid, Some(&id), &gpus).await;
         return fail(client, &a, &format!("cannot start its container: {why}")).await;
     }
     tracing::info!(worker = %a.name, container = %id, "started");
@@ -188,15 +172,16 @@ async fn create(
     data_location: Option<&Path>,
     image: &ImageRef,
     gpus: &[u32],
+    cdi: bool,
 ) -> Result<String, String> {
     let id_base = container::id_base(a.id_slot)?;
     let binds = binds(machine, a, data_location, id_base)?;
     let env: Vec<(String, String)> = a.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
-    let (text, env_inherited) = container::env_file_text(&env);
+    let (text, inherited) = container::env_file_text(&env);
     let env_file = write_private(&machine.state, ENV_DIR, &a.uid.to_string(), &text)?;
     let logs = machine.state.join("logs");
     std::fs::create_dir_all(&logs).map_err(|e| format!("cannot create {}: {e}", logs.display()))?;
-    let devices = if !gpus.is_empty() && gpus::cdi_has_kind(&machine.podman.config().gpu_kind) {
+    let devices = if cdi {
         gpus.iter().map(|i| format!("{}={i}", machine.podman.config().gpu_kind)).collect()
     } else {
         vec![]
@@ -205,12 +190,12 @@ async fn create(
     let spec = Container {
         worker: a.uid,
         hostname: a.name.clone(),
-        home: machine.home.clone(),
+        home: machine.home(),
         image: image.to_string(),
         command: a.command.clone(),
         args: a.args.clone(),
         env_file: Some(env_file.clone()),
-        env_inherited: env_inherited.clone(),
+        env_inherited: inherited.iter().map(|(name, _)| name.clone()).collect(),
         binds,
         log_file: log_file(&machine.state, a.uid),
         limits: a.resources,
@@ -223,8 +208,6 @@ async fn create(
         nproc,
         stop_grace_seconds: machine.podman.config().stop_grace.as_secs(),
     };
-    let inherited: Vec<(String, String)> =
-        env.into_iter().filter(|(k, _)| env_inherited.contains(k)).collect();
     machine.images.used(&spec.image);
     let created = machine.podman.create(container::create_args(&spec), &inherited).await;
     // The values now live in the container's configuration, which only root can read.
@@ -255,7 +238,8 @@ fn binds(
                 // A fill starts an empty copy, owned by its workspace's root so it can write.
                 std::fs::create_dir_all(&root)
                     .map_err(|e| format!("cannot create {}: {e}", root.display()))?;
-                chown(&root, Some(id_base), Some(id_base))
+                // lchown: the copy folder itself is handed over, never what a link there names.
+                lchown(&root, Some(id_base), Some(id_base))
                     .map_err(|e| format!("cannot hand {} to the workspace: {e}", root.display()))?;
             }
             let resolved = mounts::open_sub_path(&root, &m.sub_path)
@@ -393,8 +377,7 @@ async fn finish(
     outcome: Outcome,
 ) {
     tracing::info!(worker = %a.name, outcome = %outcome.reason(), "ended");
-    cleanup(machine, a, Some(id)).await;
-    machine.gpus.give_back(gpus);
+    cleanup(machine, a.uid, Some(id), gpus).await;
     let (state, exit_code, reason) = match outcome {
         Outcome::Stopped => return,
         Outcome::Exited(0) => (WorkerState::Completed, Some(0), String::new()),
@@ -404,16 +387,17 @@ async fn finish(
     report_until_heard(client, a, &StatusReport { state, exit_code, reason, events: vec![] }).await;
 }
 
-/// No container, bind or cgroup outlives its worker.
-pub async fn cleanup(machine: &Machine, a: &Assignment, id: Option<&str>) {
+/// No container, bind, file or cgroup outlives its worker, and its GPUs are free again.
+pub async fn cleanup(machine: &Machine, worker: uuid::Uuid, id: Option<&str>, gpus: &[u32]) {
     if let Some(id) = id {
         machine.podman.remove(id).await;
     }
-    mounts::unstage(&mounts::worker_dir(&machine.state, a.uid));
-    let _ = std::fs::remove_file(machine.state.join(ENV_DIR).join(a.uid.to_string()));
-    let _ = std::fs::remove_file(machine.state.join(AUTH_DIR).join(auth_file_name(a.uid)));
-    let _ = std::fs::remove_file(log_file(&machine.state, a.uid));
-    cgroup::remove(a.uid);
+    mounts::unstage(&mounts::worker_dir(&machine.state, worker));
+    let _ = std::fs::remove_file(machine.state.join(ENV_DIR).join(worker.to_string()));
+    let _ = std::fs::remove_file(machine.state.join(AUTH_DIR).join(auth_file_name(worker)));
+    let _ = std::fs::remove_file(log_file(&machine.state, worker));
+    cgroup::remove(worker);
+    machine.gpus.give_back(gpus);
     // Its image may be unused now, and removable when the disk is short.
     machine.images.changed();
 }
@@ -437,6 +421,7 @@ async fn report_started(
     a: &Assignment,
     image: &ImageRef,
     gpus: &[u32],
+    cdi: bool,
 ) -> bool {
     let mut events = vec![EventReport {
         kind: "Normal".into(),
@@ -446,7 +431,7 @@ async fn report_started(
     if !gpus.is_empty() {
         let list: Vec<String> = gpus.iter().map(u32::to_string).collect();
         let kind = &machine.podman.config().gpu_kind;
-        let (level, how) = if gpus::cdi_has_kind(kind) {
+        let (level, how) = if cdi {
             ("Normal", format!("through CDI devices {kind}={}", list.join(",")))
         } else {
             (

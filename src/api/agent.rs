@@ -42,6 +42,8 @@ const MAX_LOG_LINES: usize = 10_000;
 const MAX_COPIES: usize = 100_000;
 /// Images a heartbeat may report: far more than a disk holds.
 const MAX_IMAGES: usize = 1_000;
+/// Bytes kept of a reason or an event an agent reports: they are shown in lists and events.
+const MAX_REASON: usize = 4096;
 /// Room for a heartbeat of [`MAX_COPIES`] copies with long names.
 const HEARTBEAT_BODY_LIMIT: usize = 32 << 20;
 
@@ -163,6 +165,11 @@ fn check_images(images: &[ImageReport]) -> Result<(), ApiError> {
         }
     }
     Ok(())
+}
+
+/// The first `MAX_REASON` bytes of what an agent says, on a character's boundary.
+fn cut(text: &str) -> &str {
+    &text[..text.floor_char_boundary(MAX_REASON)]
 }
 
 fn clamp(v: u64) -> i64 {
@@ -486,19 +493,13 @@ async fn report_status(
     if store::workers::lock_run_of(&mut tx, id).await?.is_none() {
         return Ok(Json(Ack { accepted: false }));
     }
+    let reason = cut(&report.reason);
     let run = match report.state {
-        WorkerState::Preparing => store::workers::preparing(&mut tx, id, caller.id, &report.reason).await?,
+        WorkerState::Preparing => store::workers::preparing(&mut tx, id, caller.id, reason).await?,
         WorkerState::Running => store::workers::start(&mut tx, id, caller.id).await?,
         WorkerState::Completed | WorkerState::Failed => {
-            store::workers::finish(
-                &mut tx,
-                id,
-                Some(caller.id),
-                report.state,
-                &report.reason,
-                report.exit_code,
-            )
-            .await?
+            store::workers::finish(&mut tx, id, Some(caller.id), report.state, reason, report.exit_code)
+                .await?
         }
         other => {
             return Err(ApiError::invalid(
@@ -519,8 +520,8 @@ async fn report_status(
                 object_kind: "worker",
                 object_name: &name,
                 warning: e.kind == "Warning",
-                reason: &e.reason,
-                message: &e.message,
+                reason: cut(&e.reason),
+                message: cut(&e.message),
                 source: &source,
             };
             store::events::record(&mut *tx, &event).await?;

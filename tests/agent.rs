@@ -417,7 +417,7 @@ async fn a_waiting_long_poll_is_answered_when_its_version_moves_not_when_its_wai
     let waiting = poll(agent.clone(), moved.version);
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(!waiting.is_finished(), "a poll holding the latest version waits");
-    let machine = astraeus::store::machines::by_name(&pool, "gpu-02").await.unwrap().unwrap();
+    let machine = astraeus::store::machines::by_name(&pool, None, "gpu-02").await.unwrap().remove(0);
     astraeus::store::machines::touch_assignments(&pool, &[machine.id]).await.unwrap();
     let (answer, waited) = waiting.await.unwrap();
     let again = answer.expect("the answer after the bump");
@@ -566,4 +566,33 @@ async fn an_agent_keeps_copies_only_beneath_its_own_data_location(pool: PgPool) 
     api.confirm_data_location("gpu-01", &own).await;
     api.create_run(&sh_run("after", "echo fine")).await;
     assert_eq!(api.wait_run_ended("after").await["status"]["state"], "Completed");
+}
+
+#[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
+async fn a_deleted_machines_agent_stops_its_workers_and_comes_back_only_with_a_join_token(pool: PgPool) {
+    let mut cluster = Cluster::start(&pool).await;
+    let api = cluster.api.clone();
+    api.create_run(&sh_run("busy", "sleep 300.703")).await;
+    wait_running(&api, "busy-0", "sleep 300.703").await;
+
+    assert_eq!(api.delete("/machines/gpu-01").await.status, StatusCode::NO_CONTENT);
+    let failed = api.wait_run_ended("busy").await;
+    assert_eq!(failed["status"]["state"], "Failed", "{failed}");
+    let worker = api.worker("busy-0").await;
+    assert_eq!(worker["status"]["reason"], "machine gpu-01 was deleted by an organisation admin");
+    // Its agent is refused, stops the container and exits, saying why.
+    wait_gone("sleep 300.703").await;
+    let agent = cluster.agent("gpu-01");
+    let status = agent.proc.wait_exit().await;
+    assert!(!status.success());
+    assert!(
+        agent.proc.log_text().contains("machine gpu-01 was deleted from the cluster"),
+        "{}",
+        agent.proc.log_tail(20)
+    );
+
+    // Started again with a join token (as the harness starts it), it joins anew under its name.
+    cluster.restart_agent("gpu-01");
+    let back = api.wait_machine("gpu-01", "Ready").await;
+    assert_eq!(back["status"]["data_location"]["confirmed"], false, "a new machine: {back}");
 }

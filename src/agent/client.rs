@@ -103,6 +103,12 @@ pub fn is_refusal(e: &anyhow::Error) -> bool {
     e.chain().any(|c| c.downcast_ref::<Refused>().is_some_and(|r| r.status.is_client_error()))
 }
 
+/// The server no longer takes the machine's credential: the machine was deleted.
+pub fn is_unauthorized(e: &anyhow::Error) -> bool {
+    e.chain()
+        .any(|c| c.downcast_ref::<Refused>().is_some_and(|r| r.status == reqwest::StatusCode::UNAUTHORIZED))
+}
+
 async fn read<R: DeserializeOwned>(resp: reqwest::Response) -> anyhow::Result<R> {
     let status = resp.status();
     if status.is_success() {

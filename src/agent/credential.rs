@@ -28,7 +28,13 @@ pub async fn join_or_resume(
             let kept: JoinResponse = serde_json::from_str(&text)
                 .with_context(|| format!("{} is not a credential", file.display()))?;
             client.resume(&kept.credential);
-            return resume(client, &file, stop).await.map(|resumed| resumed.then_some(kept));
+            match resume(client, &file, stop).await {
+                // Deleted from the cluster, and given a join token to come back with.
+                Err(e) if !config.join.join_token.is_empty() && client::is_unauthorized(&e) => {
+                    tracing::warn!(error = %e, "the kept credential was refused: joining again with the join token");
+                }
+                other => return other.map(|resumed| resumed.then_some(kept)),
+            }
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => return Err(e).with_context(|| format!("cannot read {}", file.display())),
@@ -65,7 +71,7 @@ async fn resume(client: &Client, file: &Path, stop: &CancellationToken) -> anyho
                 return Err(e).with_context(|| {
                     format!(
                         "the credential in {} was refused (an organisation admin may have deleted the \
-                         machine): remove the file and join again with a join token",
+                         machine): start the agent with --join-token to join again",
                         file.display()
                     )
                 });

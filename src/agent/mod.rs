@@ -21,6 +21,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 use uuid::Uuid;
 
 use crate::protocol::{Assignment, JoinRequest};
@@ -242,6 +243,7 @@ async fn assignment_loop(
     // Until the first answer says which of them are still wanted.
     let mut left: Option<HashMap<Uuid, Found>> = Some(found.into_iter().map(|f| (f.worker, f)).collect());
     let finished: Arc<Mutex<Vec<Uuid>>> = Arc::default();
+    let workers = TaskTracker::new();
     let mut version = 0;
     // Whether `running` follows the answer for `version`; until then the whole list is asked for.
     let mut held = false;
@@ -257,6 +259,11 @@ async fn assignment_loop(
         let assignments = match answer {
             Ok(Some(a)) => a,
             Ok(None) => continue,
+            Err(e) if client::is_unauthorized(&e) => {
+                // Deleted: its workers were failed, so none of its containers may go on.
+                stop_all(&running, &workers).await;
+                return Err(e.context("the server no longer takes this machine's credential"));
+            }
             Err(e) => {
                 tracing::warn!(error = %e, "cannot fetch assignments; retrying");
                 tokio::select! {
@@ -293,7 +300,7 @@ async fn assignment_loop(
             let (client, machine, data, finished, a) =
                 (client.clone(), machine.clone(), data.clone(), finished.clone(), (*a).clone());
             let id = *id;
-            tokio::spawn(async move {
+            workers.spawn(async move {
                 worker::run(&client, &machine, a, data, found, token).await;
                 finished.lock().expect("not poisoned").push(id);
             });
@@ -305,8 +312,16 @@ async fn assignment_loop(
             worker::cleanup(&machine, worker, Some(&f.id), &[]).await;
         }
     }
+    stop_all(&running, &workers).await;
+    Ok(())
+}
+
+/// Stops every worker and waits until each has stopped its container and cleaned up, those
+/// no longer assigned included.
+async fn stop_all(running: &HashMap<Uuid, CancellationToken>, workers: &TaskTracker) {
     for token in running.values() {
         token.cancel();
     }
-    Ok(())
+    workers.close();
+    workers.wait().await;
 }

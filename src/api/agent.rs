@@ -83,7 +83,11 @@ impl FromRequestParts<AppState> for MachineCaller {
             .map_err(|e| ApiError::Unauthorized(format!("the machine credential is not valid: {e}")))?;
         if !app.hub.credentials.is_fresh(claims.mid, claims.jti) {
             if !store::machines::credential_is_current(&app.db, claims.mid, claims.jti).await? {
-                return Err(ApiError::Unauthorized("the machine credential was replaced: join again".into()));
+                return Err(ApiError::Unauthorized(format!(
+                    "machine {} was deleted from the cluster: its credential no longer works; \
+                     join again with a new join token",
+                    claims.sub
+                )));
             }
             app.hub.credentials.remember(claims.mid, claims.jti);
         }

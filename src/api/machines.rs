@@ -106,6 +106,11 @@ pub struct MachineResources {
 pub struct MachineStatus {
     /// `Ready`, or `NotReady` when heartbeats stopped.
     pub state: String,
+    /// Takes no new workers (fills for those already here aside): an organisation admin
+    /// cordoned or drained it.
+    pub cordoned: bool,
+    /// While it drains: when the workers still running here fail.
+    pub drain_deadline: Option<DateTime<Utc>>,
     pub last_heartbeat_at: DateTime<Utc>,
     /// Held by the workers placed here.
     pub allocated: MachineResources,
@@ -146,6 +151,8 @@ pub fn to_object(m: MachineRecord) -> Machine {
         },
         status: MachineStatus {
             state: m.state,
+            cordoned: m.cordoned,
+            drain_deadline: m.drain_deadline,
             last_heartbeat_at: m.last_heartbeat_at,
             allocated: MachineResources {
                 cpu_cores: cores(m.cpu_alloc),
@@ -220,28 +227,64 @@ pub async fn list(
     Ok(Json(List::all(rows.into_iter().map(to_object).collect()).at(version)).into_response())
 }
 
+/// The machine a change names, for watchers: the first of that name, by cluster.
 pub async fn load(app: &AppState, name: &str) -> Result<Machine, ApiError> {
-    find(app, name).await.map(to_object)
+    let found = match Name::parse(name) {
+        Ok(n) => store::machines::by_name(&app.db, None, n.as_str()).await?,
+        Err(_) => vec![],
+    };
+    found.into_iter().next().map(to_object).ok_or_else(|| ApiError::not_found("machine", name))
 }
 
-async fn find(app: &AppState, name: &str) -> Result<MachineRecord, ApiError> {
-    let found = match Name::parse(name) {
-        Ok(n) => store::machines::by_name(&app.db, n.as_str()).await?,
-        Err(_) => None,
+/// `?cluster=NAME`: names are unique within a cluster, and the same name may be in several.
+#[derive(Debug, Default, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct MachineRef {
+    /// The machine's cluster; needed only when clusters share the name.
+    pub cluster: Option<String>,
+}
+
+/// The machine of that name in `cluster`, or in the only cluster that has one of that name.
+pub async fn find(app: &AppState, name: &str, cluster: Option<&str>) -> Result<MachineRecord, ApiError> {
+    let cluster = match cluster.map(Name::parse) {
+        None => None,
+        Some(Ok(c)) => Some(c),
+        Some(Err(_)) => return Err(ApiError::not_found("machine", name)),
     };
-    found.ok_or_else(|| ApiError::not_found("machine", name))
+    let mut found = match Name::parse(name) {
+        Ok(n) => store::machines::by_name(&app.db, cluster.as_ref().map(|c| c.as_str()), n.as_str()).await?,
+        Err(_) => vec![],
+    };
+    match found.len() {
+        0 => Err(ApiError::not_found("machine", name)),
+        1 => Ok(found.remove(0)),
+        _ => {
+            let clusters: Vec<&str> = found.iter().map(|m| m.cluster.as_str()).collect();
+            Err(ApiError::Conflict(format!(
+                "clusters {} each have a machine named {name}: add ?cluster=<name>",
+                clusters.join(", ")
+            )))
+        }
+    }
 }
 
 /// Read a machine, with the copies it keeps of the workspace's drives and the first 100 of the
 /// workspace's workers on it.
-#[utoipa::path(get, path = "/machines/{name}", tag = "machines", params(("name" = String, Path)),
-    responses((status = 200, body = Machine), (status = 404, body = ErrorBody)), security(("bearer" = [])))]
+#[utoipa::path(get, path = "/machines/{name}", tag = "machines", params(("name" = String, Path), MachineRef),
+    responses(
+        (status = 200, body = Machine),
+        (status = 404, body = ErrorBody),
+        (status = 409, description = "Several clusters have a machine of that name: add `cluster`", body = ErrorBody),
+    ),
+    security(("bearer" = [])))]
 pub async fn get(
     State(app): State<AppState>,
     caller: Caller,
     Path(name): Path<String>,
+    Params(at): Params<MachineRef>,
 ) -> Result<Json<Machine>, ApiError> {
-    let record = find(&app, &name).await?;
+    let record = find(&app, &name, at.cluster.as_deref()).await?;
     let copies = store::copies::on_machine(&app.db, record.id, caller.workspace_id).await?;
     let workers = workers_page(&app, &caller, record.id, &PageParams::FIRST).await?;
     let images = store::machines::images(&app.db, record.id).await?;
@@ -269,11 +312,12 @@ async fn workers_page(
 /// A page of the workspace's workers on the machine that have not ended, by run (newest
 /// first), then index.
 #[utoipa::path(get, path = "/machines/{name}/workers", tag = "machines",
-    params(("name" = String, Path), PageParams),
+    params(("name" = String, Path), MachineWorkersParams),
     responses(
         (status = 200, body = List<Worker>),
         (status = 400, description = "A limit out of range", body = ErrorBody),
         (status = 404, body = ErrorBody),
+        (status = 409, description = "Several clusters have a machine of that name: add `cluster`", body = ErrorBody),
         (status = 410, description = "`cursor` names a worker whose run was deleted", body = ErrorBody),
     ),
     security(("bearer" = [])))]
@@ -281,10 +325,25 @@ pub async fn list_workers(
     State(app): State<AppState>,
     caller: Caller,
     Path(name): Path<String>,
-    Params(params): Params<PageParams>,
+    Params(params): Params<MachineWorkersParams>,
 ) -> Result<Json<List<Worker>>, ApiError> {
-    let record = find(&app, &name).await?;
-    workers_page(&app, &caller, record.id, &params).await.map(Json)
+    let record = find(&app, &name, params.cluster.as_deref()).await?;
+    let page = PageParams { limit: params.limit, cursor: params.cursor };
+    workers_page(&app, &caller, record.id, &page).await.map(Json)
+}
+
+/// `?cluster=&limit=&cursor=`: [`MachineRef`] and [`PageParams`] together.
+#[derive(Debug, Default, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct MachineWorkersParams {
+    /// The machine's cluster; needed only when clusters share the name.
+    pub cluster: Option<String>,
+    /// At most this many items (1–1000, default 100).
+    #[param(minimum = 1, maximum = 1000)]
+    pub limit: Option<i64>,
+    /// The `next` value of the previous page.
+    pub cursor: Option<Uuid>,
 }
 
 #[derive(Debug, Deserialize, ToSchema)]
@@ -299,12 +358,14 @@ pub struct ConfirmDataLocation {
 
 /// Confirm where the machine keeps copies (Machines → machine → Data location → Confirm): for
 /// organisation admins, since every workspace shares the machine.
-#[utoipa::path(post, path = "/machines/{name}/data-location", tag = "machines", params(("name" = String, Path)),
+#[utoipa::path(post, path = "/machines/{name}/data-location", tag = "machines",
+    params(("name" = String, Path), MachineRef),
     request_body = ConfirmDataLocation,
     responses(
         (status = 200, body = Machine),
         (status = 403, description = "Not an organisation admin's token", body = ErrorBody),
         (status = 404, body = ErrorBody),
+        (status = 409, description = "Several clusters have a machine of that name: add `cluster`", body = ErrorBody),
         (status = 422, body = ErrorBody),
     ),
     security(("bearer" = [])))]
@@ -312,6 +373,7 @@ pub async fn confirm_data_location(
     State(app): State<AppState>,
     caller: Caller,
     Path(name): Path<String>,
+    Params(at): Params<MachineRef>,
     Body(input): Body<ConfirmDataLocation>,
 ) -> Result<Json<Machine>, ApiError> {
     caller.require_org_admin("confirm data locations")?;
@@ -321,7 +383,7 @@ pub async fn confirm_data_location(
     if input.limit_bytes.is_some_and(|l| l <= 0) {
         return Err(ApiError::invalid("limit_bytes", "must be more than 0"));
     }
-    let machine = find(&app, &name).await?;
+    let machine = find(&app, &name, at.cluster.as_deref()).await?;
     let mut tx = app.db.begin().await?;
     let m =
         store::machines::confirm_data_location(&mut *tx, machine.id, input.path.as_str(), input.limit_bytes)

@@ -11,6 +11,7 @@ pub mod health;
 pub mod limit;
 pub mod list;
 pub mod logs;
+pub mod machine_actions;
 pub mod machines;
 pub mod meta;
 pub mod org;
@@ -127,6 +128,7 @@ fn api_routes() -> OpenApiRouter<AppState> {
         .merge(logs::router())
         .merge(events::router())
         .merge(machines::router())
+        .merge(machine_actions::router())
         .merge(secrets::router())
         .merge(tokens::router())
         .merge(org::router());

@@ -338,7 +338,10 @@ async fn machine_text(client: &Client, m: &Value, out: &mut String) -> Result<Ve
     let (spec, status, name) = (&m["spec"], &m["status"], name_of(m));
     field(out, "Cluster", text(&spec["cluster"]));
     field(out, "Pool", text(&spec["pool"]));
-    field(out, "State", text(&status["state"]));
+    field(out, "State", super::machines::state(status));
+    if !status["drain_deadline"].is_null() {
+        field(out, "Drain deadline", when(&status["drain_deadline"]));
+    }
     field(out, "Heartbeat", when(&status["last_heartbeat_at"]));
     let transports: Vec<String> = array(&spec["transports"]).iter().map(text).collect();
     field(out, "Transports", output::or_none(transports.join(",")));

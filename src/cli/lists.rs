@@ -186,7 +186,7 @@ fn machines(items: &[Value], wide: bool) -> Table {
         let mut row: Vec<Cell> = vec![
             name_of(m).into(),
             text(&spec["cluster"]).into(),
-            state_cell(text(&status["state"])),
+            state_cell(super::machines::state(status)),
             used_of(status, spec, "cpu_cores", false).into(),
             used_of(status, spec, "memory_bytes", true).into(),
             used_of(status, spec, "gpus", false).into(),

@@ -10,6 +10,7 @@ mod error;
 mod events;
 mod lists;
 mod logs;
+mod machines;
 mod output;
 mod wait;
 
@@ -137,8 +138,15 @@ pub enum Astraeus {
     },
     /// Print a worker's output (workers are named <run>-<index>).
     Logs(logs::LogsArgs),
-    /// Delete a run (or `delete drive NAME`, `delete secret NAME`).
+    /// Delete a run (or `delete drive NAME`, `delete secret NAME`, `delete machine NAME`).
     Delete(wait::DeleteArgs),
+    /// Stop placing new workers on a machine (organisation admins).
+    Cordon { name: String },
+    /// Let a cordoned or draining machine take new workers again (organisation admins).
+    Uncordon { name: String },
+    /// Cordon a machine, place its waiting workers elsewhere and give its running workers until
+    /// a deadline (organisation admins).
+    Drain(machines::DrainArgs),
     /// Create the runs, drives and secrets of a JSON file that do not exist yet.
     Apply(apply::ApplyArgs),
     /// Wait until a run or worker reaches a state, or an object is deleted.
@@ -196,6 +204,9 @@ async fn astraeus(ctx: &Ctx, command: Astraeus) -> Result<()> {
         Astraeus::Describe { kind, name } => describe::run(ctx, kind, &name).await,
         Astraeus::Logs(args) => logs::run(ctx, args).await,
         Astraeus::Delete(args) => wait::delete(ctx, args).await,
+        Astraeus::Cordon { name } => machines::run(ctx, &name, machines::Action::Cordon).await,
+        Astraeus::Uncordon { name } => machines::run(ctx, &name, machines::Action::Uncordon).await,
+        Astraeus::Drain(args) => machines::run(ctx, &args.name, machines::Action::Drain(args.deadline)).await,
         Astraeus::Apply(args) => apply::run(ctx, args).await,
         Astraeus::Wait(args) => wait::wait(ctx, args).await,
     }

@@ -101,7 +101,7 @@ pub fn when(v: &Value) -> String {
 pub fn state_style(state: &str) -> Style {
     match state {
         "Running" | "Completed" | "Ready" | "Complete" => Style::new().green(),
-        "Pending" | "Preparing" | "Filling" => Style::new().yellow(),
+        "Pending" | "Preparing" | "Filling" | "Ready,Cordoned" | "Ready,Draining" => Style::new().yellow(),
         "Failed" | "NotReady" => Style::new().red(),
         _ => Style::new(),
     }

@@ -15,7 +15,7 @@ const POLL: Duration = Duration::from_millis(500);
 
 #[derive(Debug, Args)]
 pub struct DeleteArgs {
-    /// `RUN`, or `KIND NAME` with KIND one of run, drive, secret.
+    /// `RUN`, or `KIND NAME` with KIND one of run, drive, secret, machine.
     #[arg(num_args = 1..=2, required = true, value_name = "[KIND] NAME")]
     pub args: Vec<String>,
     /// Return only once the API no longer has the object.
@@ -81,8 +81,12 @@ pub async fn delete(ctx: &Ctx, args: DeleteArgs) -> Result<()> {
     let (kind, name) = match args.args.as_slice() {
         [name] => (Kind::Run, name.as_str()),
         [kind, name] => match Kind::from_str(kind, true) {
-            Ok(k @ (Kind::Run | Kind::Drive | Kind::Secret)) => (k, name.as_str()),
-            _ => return Err(CliError::usage(format!("cannot delete a {kind}: use run, drive or secret"))),
+            Ok(k @ (Kind::Run | Kind::Drive | Kind::Secret | Kind::Machine)) => (k, name.as_str()),
+            _ => {
+                return Err(CliError::usage(format!(
+                    "cannot delete a {kind}: use run, drive, secret or machine"
+                )));
+            }
         },
         _ => return Err(CliError::usage("delete takes RUN, or KIND NAME")),
     };

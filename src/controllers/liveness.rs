@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
 
 use crate::domain::run::WorkerState;
 use crate::hub;
@@ -28,17 +29,7 @@ pub async fn tick(db: &PgPool, grace: Duration) -> anyhow::Result<usize> {
     for (id, name) in store::machines::silent(db, grace).await? {
         let mut tx = db.begin().await?;
         let reason = format!("machine {name} stopped responding (no heartbeat for {}s)", grace.as_secs());
-        // Runs, then workers, then the machine: the order every transaction locks in.
-        for worker in store::workers::live_on_machine(&mut *tx, id).await? {
-            let Some(run) = store::workers::lock_run_of(&mut tx, worker).await? else { continue };
-            if store::workers::finish(&mut tx, worker, None, WorkerState::Failed, &reason, None)
-                .await?
-                .is_some()
-            {
-                store::workers::refresh_run(&mut tx, run).await?;
-                hub::worker_changed(&mut *tx, worker).await?;
-            }
-        }
+        fail_workers_on(&mut tx, id, &reason).await?;
         if !store::machines::mark_not_ready(&mut *tx, id, grace).await? {
             // It spoke up meanwhile: leave its workers be.
             tx.rollback().await?;
@@ -60,4 +51,24 @@ pub async fn tick(db: &PgPool, grace: Duration) -> anyhow::Result<usize> {
         lost += 1;
     }
     Ok(lost)
+}
+
+/// Fails the machine's workers that have not ended, with `reason`; returns how many.
+pub async fn fail_workers_on(
+    tx: &mut sqlx::PgConnection,
+    machine: Uuid,
+    reason: &str,
+) -> sqlx::Result<usize> {
+    let mut failed = 0;
+    // Runs, then workers, then the machine: the order every transaction locks in.
+    for worker in store::workers::live_on_machine(&mut *tx, machine).await? {
+        let Some(run) = store::workers::lock_run_of(&mut *tx, worker).await? else { continue };
+        if store::workers::finish(&mut *tx, worker, None, WorkerState::Failed, reason, None).await?.is_some()
+        {
+            store::workers::refresh_run(&mut *tx, run).await?;
+            hub::worker_ended(&mut *tx, worker).await?;
+            failed += 1;
+        }
+    }
+    Ok(failed)
 }

@@ -1,5 +1,6 @@
 //! Control loops besides the scheduler. Each is level-triggered and safe to run on every replica.
 
+pub mod drain;
 pub mod fill;
 pub mod janitor;
 pub mod liveness;

@@ -19,6 +19,9 @@ pub fn fits(m: &MachineView, r: &Request) -> Result<(), String> {
     if !m.ready {
         return Err("NotReady".into());
     }
+    if m.cordoned && !r.fill {
+        return Err("cordoned".into());
+    }
     if m.cpu_free < r.cpu_millis {
         return Err(format!(
             "Insufficient cpu ({} of {} cores free)",
@@ -81,6 +84,7 @@ mod tests {
             name: "gpu-01".into(),
             cluster: "main".into(),
             ready: true,
+            cordoned: false,
             transports: vec![],
             cpu_total: 2000,
             memory_total: 4_000_000_000,
@@ -114,16 +118,26 @@ mod tests {
             gpus: 0,
             selection: NodeSelection::default(),
             drives: vec![],
+            fill: false,
         }
     }
 
     #[test]
     fn each_filter_says_why_it_rejects() {
         type Case = (fn(&mut MachineView, &mut Request), &'static str);
-        let cases: [Case; 13] = [
+        let cases: [Case; 15] = [
             (|_, _| {}, ""),
             (|m, _| m.cluster = "other".into(), "not in cluster main"),
             (|m, _| m.ready = false, "NotReady"),
+            (|m, _| m.cordoned = true, "cordoned"),
+            // A fill serves workers already on the machine.
+            (
+                |m, r| {
+                    m.cordoned = true;
+                    r.fill = true;
+                },
+                "",
+            ),
             // 2 cores free, 3 asked.
             (|_, r| r.cpu_millis = 3000, "Insufficient cpu (2 of 3 cores free)"),
             (|_, r| r.memory_bytes = 5_000_000_000, "Insufficient memory (4.0 GB of 5.0 GB free)"),

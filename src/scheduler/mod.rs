@@ -190,7 +190,7 @@ async fn pass(
             used.extend(request.placed().map(|d| (m.id, d.id)));
         }
         m.take(charge.cpu_millis, charge.memory_bytes, charge.gpus);
-        binds.push(Bind { worker: w.id, machine: m.id, charge, released, reason });
+        binds.push(Bind { worker: w.id, machine: m.id, charge, released, reason, fill: request.fill });
         decided.insert(w.id, (w, explained, transports));
     }
     let (used_machines, used_drives): (Vec<Uuid>, Vec<Uuid>) = used.into_iter().unzip();
@@ -233,6 +233,7 @@ fn request(run: &PendingRun) -> Request {
         gpus: task.requested_resources.gpus.into(),
         selection: task.requested_resources.node_selection.clone(),
         drives: run.drives.0.clone(),
+        fill: run.fill_drive_id.is_some(),
     }
 }
 
@@ -422,6 +423,7 @@ fn views(
                 name: m.name,
                 cluster: m.cluster,
                 ready: m.state == "Ready",
+                cordoned: m.cordoned,
                 transports: m.transports,
                 cpu_total: m.cpu_millis.into(),
                 memory_total: m.memory_bytes,

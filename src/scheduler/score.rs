@@ -72,6 +72,7 @@ mod tests {
             name: "m".into(),
             cluster: "main".into(),
             ready: true,
+            cordoned: false,
             transports: vec![],
             cpu_total: 4000,
             memory_total: 8_000,
@@ -92,6 +93,7 @@ mod tests {
             gpus: 0,
             selection: NodeSelection::default(),
             drives,
+            fill: false,
         }
     }
 

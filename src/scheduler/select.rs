@@ -189,6 +189,7 @@ mod tests {
             name: name.into(),
             cluster: "main".into(),
             ready,
+            cordoned: false,
             transports: vec![],
             data_free: None,
             reclaimable: 0,
@@ -209,6 +210,7 @@ mod tests {
             gpus: 0,
             selection: NodeSelection::default(),
             drives: vec![],
+            fill: false,
         }
     }
 

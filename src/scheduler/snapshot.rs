@@ -15,6 +15,8 @@ pub struct MachineView {
     pub name: String,
     pub cluster: String,
     pub ready: bool,
+    /// Takes no new workers but fills.
+    pub cordoned: bool,
     pub transports: Vec<String>,
     pub cpu_total: i64,
     pub memory_total: i64,
@@ -94,6 +96,8 @@ pub struct Request {
     pub gpus: i64,
     pub selection: NodeSelection,
     pub drives: Vec<DriveNeed>,
+    /// A fill's worker, which serves workers already on its machine.
+    pub fill: bool,
 }
 
 impl Request {

@@ -33,11 +33,16 @@ pub struct MachineRecord {
     pub data_free_bytes: i64,
     pub assign_version: i64,
     pub created_at: DateTime<Utc>,
+    /// No new workers but fills for those already here.
+    pub cordoned: bool,
+    /// Draining: its running workers have until then.
+    pub drain_deadline: Option<DateTime<Utc>>,
 }
 
 pub const COLUMNS: &str = "id, cluster, name, pool, labels, transports, cpu_millis, memory_bytes, gpus,
     cpu_alloc, memory_alloc, gpus_alloc, state, last_heartbeat_at, credential_id, data_proposed, data_path,
-    data_limit_bytes, data_total_bytes, data_used_bytes, data_free_bytes, assign_version, created_at";
+    data_limit_bytes, data_total_bytes, data_used_bytes, data_free_bytes, assign_version, created_at, cordoned,
+    drain_deadline";
 
 /// What an agent says about its machine when it joins.
 pub struct Joining<'a> {
@@ -234,11 +239,21 @@ pub async fn images(db: impl PgExecutor<'_>, machine: Uuid) -> sqlx::Result<Vec<
     Ok(images.map(|i| i.0).unwrap_or_default())
 }
 
-pub async fn by_name(db: impl PgExecutor<'_>, name: &str) -> sqlx::Result<Option<MachineRecord>> {
-    sqlx::query_as(&format!("SELECT {COLUMNS} FROM machines WHERE name = $1 ORDER BY cluster LIMIT 1"))
-        .bind(name)
-        .fetch_optional(db)
-        .await
+/// The machines of that name: in `cluster`, or in every cluster (names are unique only within
+/// one), by cluster.
+pub async fn by_name(
+    db: impl PgExecutor<'_>,
+    cluster: Option<&str>,
+    name: &str,
+) -> sqlx::Result<Vec<MachineRecord>> {
+    sqlx::query_as(&format!(
+        "SELECT {COLUMNS} FROM machines WHERE name = $1 AND ($2::text IS NULL OR cluster = $2)
+         ORDER BY cluster LIMIT 10"
+    ))
+    .bind(name)
+    .bind(cluster)
+    .fetch_all(db)
+    .await
 }
 
 pub async fn list(db: impl PgExecutor<'_>) -> sqlx::Result<Vec<MachineRecord>> {
@@ -263,6 +278,7 @@ pub struct PlacementMachine {
     pub confirmed: bool,
     pub data_limit_bytes: Option<i64>,
     pub data_free_bytes: i64,
+    pub cordoned: bool,
 }
 
 /// The machines placement weighs, in no order: every one, or those with the given names in any
@@ -274,7 +290,7 @@ pub async fn for_placement(
 ) -> sqlx::Result<Vec<PlacementMachine>> {
     let sql = format!(
         "SELECT id, cluster, name, transports, cpu_millis, memory_bytes, gpus, cpu_alloc, memory_alloc,
-            gpus_alloc, state, data_path IS NOT NULL AS confirmed, data_limit_bytes, data_free_bytes
+            gpus_alloc, state, data_path IS NOT NULL AS confirmed, data_limit_bytes, data_free_bytes, cordoned
          FROM machines{}",
         names.map_or("", |_| " WHERE name = ANY($1)")
     );
@@ -345,4 +361,80 @@ pub async fn touch_assignments(db: impl PgExecutor<'_>, ids: &[Uuid]) -> sqlx::R
 
 pub async fn assign_version(db: impl PgExecutor<'_>, id: Uuid) -> sqlx::Result<i64> {
     sqlx::query_scalar("SELECT assign_version FROM machines WHERE id = $1").bind(id).fetch_one(db).await
+}
+
+/// Cordons the machine (no new workers) or makes it eligible again, which also ends a drain.
+pub async fn set_cordoned(db: impl PgExecutor<'_>, id: Uuid, cordoned: bool) -> sqlx::Result<MachineRecord> {
+    sqlx::query_as(&format!(
+        "UPDATE machines SET cordoned = $2, drain_deadline = NULL WHERE id = $1 RETURNING {COLUMNS}"
+    ))
+    .bind(id)
+    .bind(cordoned)
+    .fetch_one(db)
+    .await
+}
+
+/// Cordons the machine and gives its running workers until `deadline`.
+pub async fn start_drain(
+    db: impl PgExecutor<'_>,
+    id: Uuid,
+    deadline: DateTime<Utc>,
+) -> sqlx::Result<MachineRecord> {
+    sqlx::query_as(&format!(
+        "UPDATE machines SET cordoned = true, drain_deadline = $2, assign_version = assign_version + 1
+         WHERE id = $1 RETURNING {COLUMNS}"
+    ))
+    .bind(id)
+    .bind(deadline)
+    .fetch_one(db)
+    .await
+}
+
+/// A draining machine, as the drain controller sees it.
+#[derive(Debug, sqlx::FromRow)]
+pub struct Draining {
+    pub id: Uuid,
+    pub name: String,
+    pub deadline: DateTime<Utc>,
+    pub overdue: bool,
+    /// Workers on it that have not ended.
+    pub live: i64,
+}
+
+pub async fn draining(db: impl PgExecutor<'_>) -> sqlx::Result<Vec<Draining>> {
+    sqlx::query_as(
+        "SELECT m.id, m.name, m.drain_deadline AS deadline, m.drain_deadline <= now() AS overdue,
+             (SELECT count(*) FROM workers w
+              WHERE w.machine_id = m.id AND w.state NOT IN ('Completed', 'Failed')) AS live
+         FROM machines m WHERE m.drain_deadline IS NOT NULL",
+    )
+    .fetch_all(db)
+    .await
+}
+
+/// Ends the drain begun at `deadline` (the machine stays cordoned); false when it was ended or
+/// begun again meanwhile.
+pub async fn end_drain(db: impl PgExecutor<'_>, id: Uuid, deadline: DateTime<Utc>) -> sqlx::Result<bool> {
+    let done = sqlx::query("UPDATE machines SET drain_deadline = NULL WHERE id = $1 AND drain_deadline = $2")
+        .bind(id)
+        .bind(deadline)
+        .execute(db)
+        .await?;
+    Ok(done.rows_affected() == 1)
+}
+
+/// Locks the machine's row for its deletion; false when it is gone already.
+pub async fn lock(db: impl PgExecutor<'_>, id: Uuid) -> sqlx::Result<bool> {
+    sqlx::query_scalar("SELECT true FROM machines WHERE id = $1 FOR UPDATE")
+        .bind(id)
+        .fetch_optional(db)
+        .await
+        .map(|found: Option<bool>| found.is_some())
+}
+
+/// Deletes the machine, its copies and its fill runs (their foreign keys cascade); its
+/// credential goes with the row.
+pub async fn delete(db: impl PgExecutor<'_>, id: Uuid) -> sqlx::Result<bool> {
+    let done = sqlx::query("DELETE FROM machines WHERE id = $1").bind(id).execute(db).await?;
+    Ok(done.rows_affected() == 1)
 }

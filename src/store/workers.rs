@@ -159,11 +159,13 @@ pub struct Bind {
     pub charge: Charge,
     pub released: bool,
     pub reason: String,
+    /// A fill's worker, which a cordoned machine still takes: it serves workers already there.
+    pub fill: bool,
 }
 
 /// Places a pass's Pending workers at once; returns those bound. Each machine takes the sum of
-/// its workers' charges in one conditional UPDATE, refused when it lacks room or is not Ready,
-/// so it is never over-committed; the workers of a machine that refused stay Pending. Machines
+/// its workers' charges in one conditional UPDATE, refused when it lacks room, is not Ready or
+/// is cordoned (fills aside), so it is never over-committed nor given work after a cordon; the workers of a machine that refused stay Pending. Machines
 /// are locked in id order, so two passes never wait on each other in a circle. The same UPDATE
 /// bumps each taking machine's assignment version and wakes its agent's long-poll on commit
 /// (as [`crate::store::machines::touch_assignments`] does), rather than a second UPDATE of the
@@ -174,15 +176,17 @@ pub async fn bind_all(tx: &mut PgConnection, binds: &[Bind]) -> sqlx::Result<Vec
     }
     let all: Vec<&Bind> = binds.iter().collect();
     let taken: Vec<Uuid> = sqlx::query_scalar(
-        "WITH t AS (SELECT machine, sum(cpu) AS cpu, sum(mem) AS mem, sum(gpu) AS gpu
-                    FROM unnest($1::uuid[], $2::bigint[], $3::bigint[], $4::bigint[]) AS t(machine, cpu, mem, gpu)
+        "WITH t AS (SELECT machine, sum(cpu) AS cpu, sum(mem) AS mem, sum(gpu) AS gpu, bool_and(fill) AS fills
+                    FROM unnest($1::uuid[], $2::bigint[], $3::bigint[], $4::bigint[], $5::bool[])
+                        AS t(machine, cpu, mem, gpu, fill)
                     GROUP BY machine),
               locked AS (SELECT m.id FROM machines m JOIN t ON t.machine = m.id ORDER BY m.id FOR NO KEY UPDATE OF m),
               taken AS (
                  UPDATE machines m SET cpu_alloc = m.cpu_alloc + t.cpu, memory_alloc = m.memory_alloc + t.mem,
                      gpus_alloc = m.gpus_alloc + t.gpu, assign_version = m.assign_version + 1
                  FROM t, (SELECT count(*) FROM locked) AS l
-                 WHERE m.id = t.machine AND m.state = 'Ready' AND m.cpu_alloc + t.cpu <= m.cpu_millis
+                 WHERE m.id = t.machine AND m.state = 'Ready' AND (NOT m.cordoned OR t.fills)
+                   AND m.cpu_alloc + t.cpu <= m.cpu_millis
                    AND m.memory_alloc + t.mem <= m.memory_bytes AND m.gpus_alloc + t.gpu <= m.gpus
                  RETURNING m.id)
          SELECT id FROM taken",
@@ -191,6 +195,7 @@ pub async fn bind_all(tx: &mut PgConnection, binds: &[Bind]) -> sqlx::Result<Vec
     .bind(column(&all, |b| b.charge.cpu_millis))
     .bind(column(&all, |b| b.charge.memory_bytes))
     .bind(column(&all, |b| b.charge.gpus))
+    .bind(column(&all, |b| b.fill))
     .fetch_all(&mut *tx)
     .await?;
     // Only the workers of machines that took their charges; filtered here, not by
@@ -311,6 +316,40 @@ pub async fn release_run(tx: &mut PgConnection, run: Uuid) -> sqlx::Result<Vec<U
          FROM held WHERE machines.id = held.machine_id RETURNING machines.id",
     )
     .bind(run)
+    .fetch_all(&mut *tx)
+    .await
+}
+
+/// Sends the machine's workers that have not started (fills aside) back to be placed again,
+/// giving back what they held there; returns their runs. A draining machine's waiting workers
+/// go elsewhere rather than wait out its deadline.
+pub async fn unbind_waiting(tx: &mut PgConnection, machine: Uuid, reason: &str) -> sqlx::Result<Vec<Uuid>> {
+    // Runs, then workers, then the machine: the order every transaction locks in.
+    sqlx::query(
+        "SELECT 1 FROM runs r WHERE r.fill_drive_id IS NULL AND r.id IN (
+             SELECT run_id FROM workers WHERE machine_id = $1 AND state = 'Preparing')
+         ORDER BY r.id FOR UPDATE",
+    )
+    .bind(machine)
+    .execute(&mut *tx)
+    .await?;
+    sqlx::query_scalar(
+        "WITH w AS (
+             UPDATE workers w SET state = 'Pending', machine_id = NULL, released = false, reason = $2,
+                 transports = '{}', cpu_charged = 0, memory_charged = 0, gpus_charged = 0
+             FROM workers old JOIN runs r ON r.id = old.run_id
+             WHERE w.id = old.id AND old.machine_id = $1 AND old.state = 'Preparing' AND r.fill_drive_id IS NULL
+             RETURNING w.run_id, old.cpu_charged, old.memory_charged, old.gpus_charged),
+         m AS (
+             UPDATE machines SET cpu_alloc = cpu_alloc - held.cpu, memory_alloc = memory_alloc - held.mem,
+                 gpus_alloc = gpus_alloc - held.gpus, assign_version = assign_version + 1
+             FROM (SELECT sum(cpu_charged)::int AS cpu, sum(memory_charged)::bigint AS mem,
+                       sum(gpus_charged)::int AS gpus FROM w HAVING count(*) > 0) AS held
+             WHERE machines.id = $1)
+         SELECT DISTINCT run_id FROM w",
+    )
+    .bind(machine)
+    .bind(reason)
     .fetch_all(&mut *tx)
     .await
 }

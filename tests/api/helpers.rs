@@ -187,3 +187,23 @@ pub fn recipe_drive() -> Value {
 pub fn recipe_run() -> Value {
     serde_json::from_str(include_str!("../../examples/inspect.json")).unwrap()
 }
+
+impl TestApp {
+    /// Joins machine `name` to cluster `main` with room for `cpu_cores` one-core workers, as
+    /// its agent would; its credential.
+    pub async fn join_machine(&self, name: &str, cpu_cores: u32) -> String {
+        let admin = self.token_for("default", Role::Admin, true).await;
+        let minted =
+            self.request(Method::POST, "/clusters/main/join-tokens", Some(&admin), Some(&json!({}))).await;
+        assert_eq!(minted.status, 201, "{}", minted.text);
+        let body = json!({
+            "join_token": minted.json()["token"],
+            "name": name,
+            "capacity": {"cpu_cores": cpu_cores, "memory_bytes": 1u64 << 40, "gpus": 0},
+        });
+        let joined =
+            self.client.post(format!("{}/agent/v1/join", self.address)).json(&body).send().await.unwrap();
+        assert_eq!(joined.status(), 200);
+        joined.json::<Value>().await.unwrap()["credential"].as_str().unwrap().to_owned()
+    }
+}

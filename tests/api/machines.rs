@@ -4,19 +4,8 @@ use serde_json::Value;
 
 use crate::helpers::*;
 
-/// Joins a machine named `name` with room for `cpu_cores` workers of one core, as its agent would.
 async fn join(app: &TestApp, name: &str, cpu_cores: u32) {
-    let admin = app.token_for("default", Role::Admin, true).await;
-    let body = json!({"ttl_seconds": 600});
-    let minted = app.request(Method::POST, "/clusters/main/join-tokens", Some(&admin), Some(&body)).await;
-    assert_eq!(minted.status, 201, "{}", minted.text);
-    let body = json!({
-        "join_token": minted.json()["token"],
-        "name": name,
-        "capacity": {"cpu_cores": cpu_cores, "memory_bytes": 1u64 << 40, "gpus": 0},
-    });
-    let joined = app.client.post(format!("{}/agent/v1/join", app.address)).json(&body).send().await.unwrap();
-    assert!(joined.status().is_success(), "{}", joined.text().await.unwrap());
+    app.join_machine(name, cpu_cores).await;
 }
 
 /// A run of `replicas` workers of one core that mounts nothing.

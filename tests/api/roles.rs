@@ -165,6 +165,10 @@ async fn cases_for(app: &TestApp, who: Who) -> Vec<Case> {
             Who::OrgAdmin,
             404,
         ),
+        case(M::POST, "/machines/gpu-01/cordon".into(), Some(json!({})), Who::OrgAdmin, 404),
+        case(M::POST, "/machines/gpu-01/uncordon".into(), Some(json!({})), Who::OrgAdmin, 404),
+        case(M::POST, "/machines/gpu-01/drain".into(), Some(json!({})), Who::OrgAdmin, 404),
+        case(M::DELETE, "/machines/gpu-01".into(), None, Who::OrgAdmin, 404),
         case(M::POST, "/clusters".into(), Some(json!({"name": format!("cluster-{s}")})), Who::OrgAdmin, 201),
         case(
             M::PUT,
@@ -208,7 +212,7 @@ async fn each_role_may_change_exactly_what_it_is_allowed_to(db: sqlx::PgPool) {
             }
         }
     }
-    assert_eq!(seen, 4 * 16);
+    assert_eq!(seen, 4 * 20);
     assert!(wrong.is_empty(), "the role matrix is wrong:\n{wrong}");
 }
 

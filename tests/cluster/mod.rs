@@ -397,9 +397,9 @@ impl Cluster {
         });
         let db = &self.db;
         eventually(&format!("machine {name} joins"), || async move {
-            match store::machines::by_name(db, name).await.unwrap() {
-                Some(_) => Ok(()),
-                None => Err("not registered".into()),
+            match store::machines::by_name(db, None, name).await.unwrap().is_empty() {
+                false => Ok(()),
+                true => Err("not registered".into()),
             }
         })
         .await;
@@ -430,7 +430,7 @@ impl Cluster {
         let mut after: DateTime<Utc> = sqlx::query_scalar("SELECT now()").fetch_one(db).await.unwrap();
         for _ in 0..n {
             after = eventually(&format!("{name} heartbeats"), || async move {
-                let m = store::machines::by_name(db, name).await.unwrap().unwrap();
+                let m = store::machines::by_name(db, None, name).await.unwrap().remove(0);
                 if m.last_heartbeat_at > after {
                     Ok(m.last_heartbeat_at)
                 } else {

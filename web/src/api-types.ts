@@ -834,7 +834,10 @@ export interface paths {
          */
         get: {
             parameters: {
-                query?: never;
+                query?: {
+                    /** @description The machine's cluster; needed only when clusters share the name. */
+                    cluster?: string;
+                };
                 header?: never;
                 path: {
                     name: string;
@@ -851,8 +854,18 @@ export interface paths {
                         "application/json": components["schemas"]["Machine"];
                     };
                 };
+                400: components["responses"]["BadRequest"];
                 401: components["responses"]["Unauthorized"];
                 404: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["ErrorBody"];
+                    };
+                };
+                /** @description Several clusters have a machine of that name: add `cluster` */
+                409: {
                     headers: {
                         [name: string]: unknown;
                     };
@@ -866,6 +879,136 @@ export interface paths {
         };
         put?: never;
         post?: never;
+        /**
+         * Delete a machine: its credential stops working at once, its workers fail with a reason
+         *     that says so, and its copies and fill runs go. The agent stops its containers; to come
+         *     back, the machine joins again with a new join token.
+         */
+        delete: {
+            parameters: {
+                query?: {
+                    /** @description The machine's cluster; needed only when clusters share the name. */
+                    cluster?: string;
+                };
+                header?: never;
+                path: {
+                    name: string;
+                };
+                cookie?: never;
+            };
+            requestBody?: never;
+            responses: {
+                /** @description Deleted */
+                204: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content?: never;
+                };
+                400: components["responses"]["BadRequest"];
+                401: components["responses"]["Unauthorized"];
+                /** @description Not an organisation admin's token */
+                403: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["ErrorBody"];
+                    };
+                };
+                404: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["ErrorBody"];
+                    };
+                };
+                /** @description Several clusters have a machine of that name: add `cluster` */
+                409: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["ErrorBody"];
+                    };
+                };
+                429: components["responses"]["TooManyRequests"];
+                503: components["responses"]["Unavailable"];
+            };
+        };
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/machines/{name}/cordon": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Cordon a machine: it takes no new workers (fills for the workers already there aside);
+         *     those there run on.
+         */
+        post: {
+            parameters: {
+                query?: {
+                    /** @description The machine's cluster; needed only when clusters share the name. */
+                    cluster?: string;
+                };
+                header?: never;
+                path: {
+                    name: string;
+                };
+                cookie?: never;
+            };
+            requestBody?: never;
+            responses: {
+                200: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["Machine"];
+                    };
+                };
+                400: components["responses"]["BadRequest"];
+                401: components["responses"]["Unauthorized"];
+                /** @description Not an organisation admin's token */
+                403: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["ErrorBody"];
+                    };
+                };
+                404: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["ErrorBody"];
+                    };
+                };
+                /** @description Several clusters have a machine of that name: add `cluster` */
+                409: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["ErrorBody"];
+                    };
+                };
+                429: components["responses"]["TooManyRequests"];
+                503: components["responses"]["Unavailable"];
+            };
+        };
         delete?: never;
         options?: never;
         head?: never;
@@ -887,7 +1030,10 @@ export interface paths {
          */
         post: {
             parameters: {
-                query?: never;
+                query?: {
+                    /** @description The machine's cluster; needed only when clusters share the name. */
+                    cluster?: string;
+                };
                 header?: never;
                 path: {
                     name: string;
@@ -927,9 +1073,175 @@ export interface paths {
                         "application/json": components["schemas"]["ErrorBody"];
                     };
                 };
+                /** @description Several clusters have a machine of that name: add `cluster` */
+                409: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["ErrorBody"];
+                    };
+                };
                 413: components["responses"]["PayloadTooLarge"];
                 415: components["responses"]["UnsupportedMediaType"];
                 422: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["ErrorBody"];
+                    };
+                };
+                429: components["responses"]["TooManyRequests"];
+                503: components["responses"]["Unavailable"];
+            };
+        };
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/machines/{name}/drain": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Drain a machine: it is cordoned, its workers that have not started are placed again
+         *     elsewhere, and those running have until the deadline. Once none is left it stays cordoned.
+         */
+        post: {
+            parameters: {
+                query?: {
+                    /** @description The machine's cluster; needed only when clusters share the name. */
+                    cluster?: string;
+                };
+                header?: never;
+                path: {
+                    name: string;
+                };
+                cookie?: never;
+            };
+            requestBody: {
+                content: {
+                    "application/json": components["schemas"]["DrainInput"];
+                };
+            };
+            responses: {
+                200: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["Machine"];
+                    };
+                };
+                400: components["responses"]["BadRequest"];
+                401: components["responses"]["Unauthorized"];
+                /** @description Not an organisation admin's token */
+                403: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["ErrorBody"];
+                    };
+                };
+                404: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["ErrorBody"];
+                    };
+                };
+                /** @description Several clusters have a machine of that name: add `cluster` */
+                409: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["ErrorBody"];
+                    };
+                };
+                413: components["responses"]["PayloadTooLarge"];
+                415: components["responses"]["UnsupportedMediaType"];
+                422: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["ErrorBody"];
+                    };
+                };
+                429: components["responses"]["TooManyRequests"];
+                503: components["responses"]["Unavailable"];
+            };
+        };
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/machines/{name}/uncordon": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** Make a cordoned or draining machine eligible for new workers again. */
+        post: {
+            parameters: {
+                query?: {
+                    /** @description The machine's cluster; needed only when clusters share the name. */
+                    cluster?: string;
+                };
+                header?: never;
+                path: {
+                    name: string;
+                };
+                cookie?: never;
+            };
+            requestBody?: never;
+            responses: {
+                200: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["Machine"];
+                    };
+                };
+                400: components["responses"]["BadRequest"];
+                401: components["responses"]["Unauthorized"];
+                /** @description Not an organisation admin's token */
+                403: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["ErrorBody"];
+                    };
+                };
+                404: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["ErrorBody"];
+                    };
+                };
+                /** @description Several clusters have a machine of that name: add `cluster` */
+                409: {
                     headers: {
                         [name: string]: unknown;
                     };
@@ -961,6 +1273,8 @@ export interface paths {
         get: {
             parameters: {
                 query?: {
+                    /** @description The machine's cluster; needed only when clusters share the name. */
+                    cluster?: string;
                     /** @description At most this many items (1–1000, default 100). */
                     limit?: number;
                     /** @description The `next` value of the previous page. */
@@ -993,6 +1307,15 @@ export interface paths {
                 };
                 401: components["responses"]["Unauthorized"];
                 404: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["ErrorBody"];
+                    };
+                };
+                /** @description Several clusters have a machine of that name: add `cluster` */
+                409: {
                     headers: {
                         [name: string]: unknown;
                     };
@@ -2079,6 +2402,14 @@ export interface components {
             /** @description One folder of the drive instead of all of it. */
             sub_path?: components["schemas"]["SubPath"];
         };
+        DrainInput: {
+            /**
+             * Format: int32
+             * @description How long the workers running there may go on, in seconds (default 3600, at most 7 days);
+             *     those left then fail. 0 fails them at once.
+             */
+            deadline_seconds?: number | null;
+        };
         Drive: {
             /**
              * @description The drive's copy on each machine that holds one, in the order the machines joined. One
@@ -2530,7 +2861,17 @@ export interface components {
         MachineStatus: {
             /** @description Held by the workers placed here. */
             allocated: components["schemas"]["MachineResources"];
+            /**
+             * @description Takes no new workers (fills for those already here aside): an organisation admin
+             *     cordoned or drained it.
+             */
+            cordoned: boolean;
             data_location: components["schemas"]["DataLocation"];
+            /**
+             * Format: date-time
+             * @description While it drains: when the workers still running here fail.
+             */
+            drain_deadline?: string | null;
             /** Format: date-time */
             last_heartbeat_at: string;
             /** @description `Ready`, or `NotReady` when heartbeats stopped. */

@@ -48,3 +48,20 @@ export function DataLocationBar({ machine }: { machine: Machine }) {
     </div>
   );
 }
+
+/** "Cordoned" or "Draining" beside a machine's state, when it takes no new workers. */
+export function Lifecycle({ machine }: { machine: Machine }) {
+  const s = machine.status;
+  if (s.drain_deadline) {
+    return (
+      <span class="badge state-pending" title={`Its running workers have until ${new Date(s.drain_deadline).toLocaleString()}`}>
+        Draining
+      </span>
+    );
+  }
+  return s.cordoned ? (
+    <span class="badge state-pending" title="Takes no new workers">
+      Cordoned
+    </span>
+  ) : null;
+}

@@ -1,6 +1,6 @@
 import { get, type List, type Machine } from '../api';
 import { cores, mem } from '../format';
-import { DataLocationBar } from '../machines';
+import { DataLocationBar, Lifecycle } from '../machines';
 import { usePoll, useTitle } from '../hooks';
 import { Link } from '../router';
 import { ErrorNote, Loading, StateBadge, TableWrap, Time } from '../ui';
@@ -46,7 +46,7 @@ export function MachineList() {
                       </div>
                     </th>
                     <td>
-                      <StateBadge state={m.status.state} />
+                      <StateBadge state={m.status.state} /> <Lifecycle machine={m} />
                     </td>
                     <td>
                       {a.cpu_cores} of {cores(c.cpu_cores)}

@@ -1,12 +1,26 @@
 import { useState } from 'preact/hooks';
-import { ApiError, enc, get, type Machine, post } from '../api';
+import { ApiError, del, enc, get, type Machine, post } from '../api';
 import { claims } from '../auth';
 import { bytes, cores, mem } from '../format';
 import { Events } from '../events';
 import { useMorePages, usePoll, useTitle } from '../hooks';
-import { DataLocationBar } from '../machines';
-import { Link } from '../router';
-import { described, ErrorNote, Field, FormError, Loading, NotFound, ShowMore, StateBadge, TableWrap, Time } from '../ui';
+import { DataLocationBar, Lifecycle } from '../machines';
+import { Link, navigate } from '../router';
+import {
+  DeleteButton,
+  described,
+  ErrorNote,
+  Field,
+  Flash,
+  FormError,
+  Loading,
+  NotFound,
+  setFlash,
+  ShowMore,
+  StateBadge,
+  TableWrap,
+  Time,
+} from '../ui';
 
 export function MachinePage({ name }: { name: string }) {
   useTitle(`Machine ${name}`);
@@ -28,7 +42,20 @@ export function MachinePage({ name }: { name: string }) {
       <div class="page-head">
         <h1>{name}</h1>
         {m ? <StateBadge state={m.status.state} /> : null}
+        {m ? <Lifecycle machine={m} /> : null}
+        {m && claims()?.org ? (
+          <DeleteButton
+            what={`machine ${name}`}
+            consequence="Its credential stops working at once, its workers fail, and its copies are forgotten. To come back it joins again with a new join token."
+            onDelete={async () => {
+              await del(`/machines/${enc(name)}?cluster=${enc(m.spec.cluster)}`);
+              setFlash(`Machine ${name} deleted.`);
+              navigate('/machines');
+            }}
+          />
+        ) : null}
       </div>
+      <Flash />
       <ErrorNote error={machine.error} />
       {!m ? (
         machine.error ? null : <Loading what="the machine" />
@@ -70,6 +97,8 @@ export function MachinePage({ name }: { name: string }) {
               </>
             ) : null}
           </dl>
+
+          {claims()?.org ? <Schedule machine={m} onChanged={machine.reload} /> : null}
 
           <DataLocation machine={m} onChanged={machine.reload} />
 
@@ -309,6 +338,78 @@ function DataLocation({ machine, onChanged }: { machine: Machine; onChanged: () 
           </div>
         </form>
       ) : null}
+    </section>
+  );
+}
+
+/** Machines → machine → Scheduling: cordon, drain, or take new workers again (organisation admins). */
+function Schedule({ machine, onChanged }: { machine: Machine; onChanged: () => void }) {
+  const [busy, setBusy] = useState(false);
+  const [error, setError] = useState<unknown>();
+  const [hours, setHours] = useState('1');
+  const s = machine.status;
+  const path = (verb: string) => `/machines/${enc(machine.metadata.name)}/${verb}?cluster=${enc(machine.spec.cluster)}`;
+  const act = async (verb: string, body: unknown) => {
+    setBusy(true);
+    setError(undefined);
+    try {
+      await post<Machine>(path(verb), body);
+      onChanged();
+    } catch (e) {
+      setError(e);
+    } finally {
+      setBusy(false);
+    }
+  };
+  const drain = (e: Event) => {
+    e.preventDefault();
+    const seconds = Math.round(Number(hours) * 3600);
+    void act('drain', { deadline_seconds: Number.isFinite(seconds) ? seconds : -1 });
+  };
+  return (
+    <section aria-labelledby="scheduling">
+      <h2 id="scheduling">Scheduling</h2>
+      <p>
+        {s.drain_deadline ? (
+          <>
+            Draining: it takes no new workers, its waiting workers went elsewhere, and those running have until{' '}
+            <Time iso={s.drain_deadline} />.
+          </>
+        ) : s.cordoned ? (
+          'Cordoned: it takes no new workers; those here run on.'
+        ) : (
+          'Takes new workers.'
+        )}
+      </p>
+      <div class="actions">
+        {s.cordoned ? (
+          <button onClick={() => act('uncordon', {})} disabled={busy}>
+            Take new workers again
+          </button>
+        ) : (
+          <button onClick={() => act('cordon', {})} disabled={busy}>
+            Cordon
+          </button>
+        )}
+      </div>
+      {!s.drain_deadline ? (
+        <form onSubmit={drain} novalidate class="form compact">
+          <Field id="drain-hours" label="Running workers may go on for (hours)" paths={['deadline_seconds']} error={error}>
+            <input
+              id="drain-hours"
+              type="number"
+              min="0"
+              step="0.25"
+              value={hours}
+              onInput={(e) => setHours(e.currentTarget.value)}
+            />
+          </Field>
+          <button type="submit" disabled={busy}>
+            Drain
+          </button>
+        </form>
+      ) : null}
+      <FormError error={error} action="Not changed" />
     </section>
   );
 }

@@ -161,8 +161,17 @@ pub struct MountSpec {
 pub enum MountSource {
     /// The drive's copy in this machine's data location: `<data location>/drives/<folder>`.
     Copy { folder: String },
-    /// A path on this machine.
-    Host { path: String },
+    /// A path on this machine, beneath the granted folder `grant` that covers it (absent when
+    /// no grant of the workspace covers it any more: the agent then refuses the mount). The
+    /// agent resolves the rest beneath `grant` without following symlinks, and mounts it
+    /// read-only unless `grant_mode` is `ReadWrite`.
+    Host {
+        path: String,
+        #[serde(default)]
+        grant: Option<String>,
+        #[serde(default)]
+        grant_mode: crate::domain::task::Mode,
+    },
 }
 
 #[derive(Debug, Deserialize, Serialize)]

@@ -5,6 +5,8 @@
 //! a symlink, and `drives/` is opened without following one: copies are then listed and removed
 //! through that descriptor (`/proc/self/fd/N/<folder>`), so no link, at any depth, leads a
 //! listing or a removal out of the data location.
+//!
+//! A heartbeat reads copies' sizes from what the measurer last found (`sizes`), never walks.
 
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Component, Path, PathBuf};
@@ -12,14 +14,16 @@ use std::path::{Component, Path, PathBuf};
 use rustix::fs::{CWD, Mode, OFlags};
 
 use super::mounts;
+use super::sizes::Sizes;
 use crate::protocol::{CopyReport, DataUsage, HeartbeatRequest};
 
 /// The file a fill writes last: a copy without it is not whole.
 pub const MARKER: &str = ".astralyx-filled";
 
-/// What a heartbeat says about `dir`: its usage and each copy's bytes and marker.
-pub fn report(dir: &Path) -> HeartbeatRequest {
-    let copies = copies(dir);
+/// What a heartbeat says about `dir`: its usage and each copy's marker and latest known bytes
+/// (0 for a copy not measured yet). It costs a step per copy, not per file.
+pub fn report(dir: &Path, sizes: &Sizes) -> HeartbeatRequest {
+    let copies = copies(dir, sizes);
     let used_bytes = copies.iter().map(|c| c.bytes).sum();
     let (total_bytes, free_bytes) = match rustix::fs::statvfs(dir) {
         Ok(s) => (s.f_blocks * s.f_frsize, s.f_bavail * s.f_frsize),
@@ -33,7 +37,7 @@ pub fn report(dir: &Path) -> HeartbeatRequest {
 }
 
 /// `<dir>/drives`, opened without following a symlink there.
-fn open_drives(dir: &Path) -> Option<OwnedFd> {
+pub(super) fn open_drives(dir: &Path) -> Option<OwnedFd> {
     let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC | OFlags::NOFOLLOW;
     rustix::fs::openat(CWD, dir.join("drives"), flags, Mode::empty()).ok()
 }
@@ -57,32 +61,28 @@ pub fn accept_location(own: &Path, offered: &str) -> Result<PathBuf, String> {
     Ok(path.to_path_buf())
 }
 
-fn copies(dir: &Path) -> Vec<CopyReport> {
+fn copies(dir: &Path, sizes: &Sizes) -> Vec<CopyReport> {
     let Some(drives) = open_drives(dir) else { return vec![] };
-    let Ok(entries) = std::fs::read_dir(through(&drives)) else { return vec![] };
-    entries
-        .filter_map(Result::ok)
-        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
-        .filter_map(|e| {
-            let drive = e.file_name().into_string().ok()?;
-            let path = e.path();
-            let complete = std::fs::symlink_metadata(path.join(MARKER)).is_ok_and(|m| m.is_file());
-            Some(CopyReport { drive, bytes: bytes_under(&path), complete, last_used_at: None })
+    let root = through(&drives);
+    copy_folders(&drives)
+        .into_iter()
+        .map(|drive| {
+            let marker = root.join(&drive).join(MARKER);
+            let complete = std::fs::symlink_metadata(marker).is_ok_and(|m| m.is_file());
+            let bytes = sizes.get(&drive).unwrap_or(0);
+            CopyReport { drive, bytes, complete, last_used_at: None }
         })
         .collect()
 }
 
-/// Bytes of the files below `path`, not following symlinks.
-fn bytes_under(path: &Path) -> u64 {
-    let Ok(entries) = std::fs::read_dir(path) else { return 0 };
+/// The copies' folders in `drives/`: its entries that are folders themselves, not links.
+pub(super) fn copy_folders(drives: &OwnedFd) -> Vec<String> {
+    let Ok(entries) = std::fs::read_dir(through(drives)) else { return vec![] };
     entries
         .filter_map(Result::ok)
-        .map(|e| match e.metadata() {
-            Ok(m) if m.is_dir() => bytes_under(&e.path()),
-            Ok(m) if m.is_file() => m.len(),
-            _ => 0,
-        })
-        .sum()
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .filter_map(|e| e.file_name().into_string().ok())
+        .collect()
 }
 
 /// Removes a copy the server no longer wants. `folder` must be a plain name.
@@ -104,6 +104,7 @@ pub fn delete_copy(dir: &Path, folder: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::agent::sizes::Measurer;
 
     #[test]
     fn copies_report_bytes_and_marker() {
@@ -111,17 +112,21 @@ mod tests {
         let copy = dir.path().join("drives/default.food101/food101");
         std::fs::create_dir_all(&copy).unwrap();
         std::fs::write(copy.join("a.parquet"), vec![0u8; 1000]).unwrap();
-        let r = report(dir.path());
+        let sizes = Sizes::default();
+        let r = report(dir.path(), &sizes);
+        assert_eq!(r.copies[0].bytes, 0, "not measured yet");
+        Measurer::default().pass(dir.path(), &sizes, 100);
+        let r = report(dir.path(), &sizes);
         assert_eq!(r.copies.len(), 1);
         assert_eq!(
             (r.copies[0].drive.as_str(), r.copies[0].bytes, r.copies[0].complete),
             ("default.food101", 1000, false)
         );
         std::fs::write(dir.path().join("drives/default.food101").join(MARKER), b"").unwrap();
-        assert!(report(dir.path()).copies[0].complete);
+        assert!(report(dir.path(), &sizes).copies[0].complete);
         assert!(r.data_location.total_bytes > 0);
         delete_copy(dir.path(), "default.food101");
-        assert!(report(dir.path()).copies.is_empty());
+        assert!(report(dir.path(), &sizes).copies.is_empty());
     }
 
     #[test]
@@ -131,7 +136,7 @@ mod tests {
         std::fs::create_dir(victim.path().join("default.etc")).unwrap();
         std::fs::write(victim.path().join("default.etc/passwd"), "root").unwrap();
         std::os::unix::fs::symlink(victim.path(), dir.path().join("drives")).unwrap();
-        assert!(report(dir.path()).copies.is_empty());
+        assert!(report(dir.path(), &Sizes::default()).copies.is_empty());
         delete_copy(dir.path(), "default.etc");
         assert!(victim.path().join("default.etc/passwd").exists());
     }

@@ -13,6 +13,7 @@ pub mod images;
 pub mod mounts;
 pub mod output;
 pub mod podman;
+pub mod sizes;
 pub mod worker;
 
 use std::collections::HashMap;
@@ -161,11 +162,14 @@ pub async fn run(config: Config, stop: CancellationToken) -> anyhow::Result<()> 
     };
     tracing::info!(machine = %joined.machine, cluster = %joined.cluster, "joined");
     let shared = Arc::new(Shared::default());
+    let sizes = Arc::new(sizes::Sizes::default());
+    let measurer = tokio::spawn(measure_loop(config.clone(), shared.clone(), sizes.clone(), stop.clone()));
     let heartbeat = tokio::spawn(heartbeat_loop(
         client.clone(),
         config.clone(),
         machine.clone(),
         shared.clone(),
+        sizes,
         stop.clone(),
     ));
     let images = tokio::spawn({
@@ -176,8 +180,41 @@ pub async fn run(config: Config, stop: CancellationToken) -> anyhow::Result<()> 
     let result = assignment_loop(client, machine, found, shared, stop.clone()).await;
     stop.cancel();
     let _ = heartbeat.await;
+    let _ = measurer.await;
     let _ = images.await;
     result
+}
+
+/// The data location copies are kept in: the one confirmed, else the one proposed.
+fn location(config: &Config, shared: &Shared) -> PathBuf {
+    let confirmed = shared.data_location.lock().expect("not poisoned").clone();
+    confirmed.unwrap_or_else(|| config.data_location.clone())
+}
+
+/// Measures the copies' sizes pass after pass: soon again while a walk is unfinished, once a
+/// heartbeat interval when all are measured.
+async fn measure_loop(
+    config: Config,
+    shared: Arc<Shared>,
+    sizes: Arc<sizes::Sizes>,
+    stop: CancellationToken,
+) {
+    let mut measurer = sizes::Measurer::default();
+    loop {
+        let (dir, known) = (location(&config, &shared), sizes.clone());
+        let walked = tokio::task::spawn_blocking(move || {
+            let pass = measurer.pass(&dir, &known, sizes::PASS_ENTRIES);
+            (measurer, pass)
+        })
+        .await;
+        let Ok((kept, pass)) = walked else { return };
+        measurer = kept;
+        let pause = if pass.unfinished { Duration::from_millis(50) } else { config.heartbeat_interval };
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(pause) => {}
+        }
+    }
 }
 
 async fn heartbeat_loop(
@@ -185,17 +222,15 @@ async fn heartbeat_loop(
     config: Config,
     machine: Arc<Machine>,
     shared: Arc<Shared>,
+    sizes: Arc<sizes::Sizes>,
     stop: CancellationToken,
 ) {
     // The images the server was last told of.
     let mut told: Option<Vec<crate::protocol::ImageReport>> = None;
     loop {
-        let proposed = config.data_location.clone();
-        let confirmed = shared.data_location.lock().expect("not poisoned").clone();
+        let (dir, known) = (location(&config, &shared), sizes.clone());
         let mut report =
-            tokio::task::spawn_blocking(move || disk::report(confirmed.as_deref().unwrap_or(&proposed)))
-                .await
-                .unwrap_or_default();
+            tokio::task::spawn_blocking(move || disk::report(&dir, &known)).await.unwrap_or_default();
         if let Some(list) = machine.images.latest()
             && told.as_ref() != Some(&list)
         {

@@ -9,7 +9,7 @@
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
-use rustix::fs::{AtFlags, CWD, FileType, Mode, OFlags};
+use rustix::fs::{AtFlags, CWD, FileType, Mode, OFlags, ResolveFlags};
 use rustix::io::Errno;
 use rustix::mount::UnmountFlags;
 
@@ -30,22 +30,64 @@ impl ResolvedDir {
 /// without following any symlink, so the result can never leave `root`, and keeps it open for
 /// `stage`. Errors name the component.
 pub fn open_sub_path(root: &Path, sub_path: &str) -> Result<ResolvedDir, String> {
-    // O_PATH: only a handle for lookups and binding, no read permission needed.
-    let flags = OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC;
-    let mut dir = rustix::fs::openat(CWD, root, flags, Mode::empty())
+    let dir = rustix::fs::openat(CWD, root, PATH_DIR, Mode::empty())
         .map_err(|e| format!("root {}: {e}", root.display()))?;
-    // An empty sub_path is the root itself.
-    for name in sub_path.split('/').filter(|_| !sub_path.is_empty()) {
-        // Validated upstream; checked again because escaping `root` is what this function prevents.
-        if name.is_empty() || name == "." || name == ".." {
-            return Err(format!("sub_path {sub_path}: {name:?} is not a plain name"));
+    let fd = walk(dir, sub_path)?;
+    Ok(ResolvedDir { fd, path: joined(root, sub_path) })
+}
+
+/// Opens `rel` beneath the granted folder `grant`, resolving every component of it inside the
+/// grant without following a symlink (`openat2` with `RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS`,
+/// or a walk one component at a time with `O_NOFOLLOW` on kernels without it). The grant
+/// itself is an organisation admin's choice and is opened as named. Errors name the component.
+pub fn open_beneath(grant: &Path, rel: &str) -> Result<ResolvedDir, String> {
+    let dir = rustix::fs::openat(CWD, grant, PATH_DIR, Mode::empty())
+        .map_err(|e| format!("granted folder {}: {e}", grant.display()))?;
+    let path = joined(grant, rel);
+    if rel.is_empty() {
+        return Ok(ResolvedDir { fd: dir, path });
+    }
+    plain(rel)?;
+    let how = ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS;
+    let fd = match rustix::fs::openat2(&dir, rel, PATH_DIR, Mode::empty(), how) {
+        Ok(fd) => fd,
+        Err(Errno::NOSYS) => walk(dir, rel)?,
+        // The walk names the component at fault; should it get through, the refusal stands.
+        Err(e) => {
+            walk(dir, rel)?;
+            return Err(format!("{rel}: {e}"));
         }
-        let next = rustix::fs::openat(&dir, name, flags | OFlags::NOFOLLOW, Mode::empty())
-            .map_err(|e| format!("sub_path {sub_path}: {name:?} {}", why_not_dir(&dir, name, e)))?;
+    };
+    Ok(ResolvedDir { fd, path })
+}
+
+/// O_PATH: only a handle for lookups and binding, no read permission needed.
+const PATH_DIR: OFlags = OFlags::PATH.union(OFlags::DIRECTORY).union(OFlags::CLOEXEC);
+
+fn joined(root: &Path, rel: &str) -> PathBuf {
+    if rel.is_empty() { root.to_path_buf() } else { root.join(rel) }
+}
+
+/// Validated upstream; checked again because escaping the root is what the callers prevent.
+fn plain(rel: &str) -> Result<(), String> {
+    match rel.split('/').find(|n| n.is_empty() || *n == "." || *n == "..") {
+        Some(name) => Err(format!("{rel}: {name:?} is not a plain name")),
+        None => Ok(()),
+    }
+}
+
+/// Opens `rel` beneath `dir` one component at a time, following no symlink.
+fn walk(mut dir: OwnedFd, rel: &str) -> Result<OwnedFd, String> {
+    if rel.is_empty() {
+        return Ok(dir);
+    }
+    plain(rel)?;
+    for name in rel.split('/') {
+        let next = rustix::fs::openat(&dir, name, PATH_DIR | OFlags::NOFOLLOW, Mode::empty())
+            .map_err(|e| format!("{rel}: {name:?} {}", why_not_dir(&dir, name, e)))?;
         dir = next;
     }
-    let path = if sub_path.is_empty() { root.to_path_buf() } else { root.join(sub_path) };
-    Ok(ResolvedDir { fd: dir, path })
+    Ok(dir)
 }
 
 /// Opens `rel` (plain names) beneath `root`, making the folders that are missing, without
@@ -176,5 +218,43 @@ mod tests {
             let err = resolve(sub).unwrap_err();
             assert!(err.ends_with(why), "{sub}: {err}");
         }
+    }
+
+    #[test]
+    fn a_host_path_is_resolved_beneath_its_grant_and_no_link_at_any_depth_leads_out() {
+        let grant = tempfile::tempdir().unwrap();
+        let g = grant.path();
+        std::fs::create_dir_all(g.join("ml/food101/train")).unwrap();
+        std::os::unix::fs::symlink("/", g.join("esc")).unwrap();
+        std::os::unix::fs::symlink("/etc", g.join("ml/food101/deep")).unwrap();
+        std::os::unix::fs::symlink("food101", g.join("ml/inside")).unwrap();
+        let resolve = |rel: &str| open_beneath(g, rel).map(|d| d.path().to_path_buf());
+        assert_eq!(resolve("ml/food101/train").unwrap(), g.join("ml/food101/train"));
+        assert_eq!(resolve("").unwrap(), g);
+        let cases = [
+            ("esc", "\"esc\" is a symbolic link"),
+            ("esc/etc", "\"esc\" is a symbolic link"),
+            ("ml/food101/deep", "\"deep\" is a symbolic link"),
+            // A link that stays inside the grant is refused all the same.
+            ("ml/inside/train", "\"inside\" is a symbolic link"),
+            ("ml/../..", "\"..\" is not a plain name"),
+            ("../etc", "\"..\" is not a plain name"),
+            ("ml//food101", "\"\" is not a plain name"),
+        ];
+        for (rel, why) in cases {
+            let err = resolve(rel).unwrap_err();
+            assert!(err.ends_with(why), "{rel}: {err}");
+        }
+    }
+
+    #[test]
+    fn the_fallback_walk_refuses_what_openat2_refuses() {
+        let grant = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(grant.path().join("a/b")).unwrap();
+        std::os::unix::fs::symlink("/", grant.path().join("a/esc")).unwrap();
+        let open = |rel| rustix::fs::openat(CWD, grant.path(), PATH_DIR, Mode::empty()).map(|d| walk(d, rel));
+        assert!(open("a/b").unwrap().is_ok());
+        let err = open("a/esc/etc").unwrap().unwrap_err();
+        assert!(err.ends_with("\"esc\" is a symbolic link"), "{err}");
     }
 }

@@ -15,8 +15,10 @@ use super::output::{self, LogLine, Stream};
 use super::podman::{Found, State};
 use super::{Machine, cgroup, gpus, mounts};
 use crate::domain::image::ImageRef;
+use crate::domain::path::AbsPath;
 use crate::domain::quantity::binary_bytes;
 use crate::domain::run::WorkerState;
+use crate::domain::task::Mode;
 use crate::protocol::{Assignment, EventReport, LogLineIn, MountSource, StatusReport};
 
 /// Lines sent in one upload, and the longest a line waits to be sent.
@@ -227,27 +229,57 @@ fn binds(
         .iter()
         .enumerate()
         .map(|(n, m)| {
-            let root = match &m.source {
-                MountSource::Copy { folder } => data_location
-                    .ok_or("this machine has no confirmed data location")?
-                    .join("drives")
-                    .join(folder),
-                MountSource::Host { path } => PathBuf::from(path),
+            let cannot = |e: String| format!("cannot mount drive {} at {}: {e}", m.drive, m.target);
+            let (resolved, read_only) = match &m.source {
+                MountSource::Copy { folder } => {
+                    let root = data_location
+                        .ok_or("this machine has no confirmed data location")?
+                        .join("drives")
+                        .join(folder);
+                    if !m.read_only && m.sub_path.is_empty() {
+                        // A fill starts an empty copy, owned by its workspace's root so it can write.
+                        std::fs::create_dir_all(&root)
+                            .map_err(|e| format!("cannot create {}: {e}", root.display()))?;
+                        // lchown: the copy folder itself is handed over, never what a link there names.
+                        lchown(&root, Some(id_base), Some(id_base))
+                            .map_err(|e| format!("cannot hand {} to the workspace: {e}", root.display()))?;
+                    }
+                    (mounts::open_sub_path(&root, &m.sub_path).map_err(cannot)?, m.read_only)
+                }
+                MountSource::Host { path, grant, grant_mode } => {
+                    let rel = beneath_grant(path, grant.as_deref()).map_err(cannot)?;
+                    let rel = [rel.as_str(), m.sub_path.as_str()]
+                        .into_iter()
+                        .filter(|s| !s.is_empty())
+                        .collect::<Vec<_>>()
+                        .join("/");
+                    let grant = Path::new(grant.as_deref().unwrap_or_default());
+                    let resolved =
+                        mounts::open_beneath(grant, &rel).map_err(|e| cannot(format!("{path}: {e}")))?;
+                    (resolved, read_only_under(m.read_only, *grant_mode))
+                }
             };
-            if matches!(m.source, MountSource::Copy { .. }) && !m.read_only && m.sub_path.is_empty() {
-                // A fill starts an empty copy, owned by its workspace's root so it can write.
-                std::fs::create_dir_all(&root)
-                    .map_err(|e| format!("cannot create {}: {e}", root.display()))?;
-                // lchown: the copy folder itself is handed over, never what a link there names.
-                lchown(&root, Some(id_base), Some(id_base))
-                    .map_err(|e| format!("cannot hand {} to the workspace: {e}", root.display()))?;
-            }
-            let resolved = mounts::open_sub_path(&root, &m.sub_path)
-                .map_err(|e| format!("cannot mount drive {} at {}: {e}", m.drive, m.target))?;
             let source = mounts::stage(&dir, n, &resolved)?;
-            Ok(Bind { source, target: m.target.clone(), read_only: m.read_only })
+            Ok(Bind { source, target: m.target.clone(), read_only })
         })
         .collect()
+}
+
+/// A host path is mounted read-write only when the mount asks for it and its grant allows it.
+fn read_only_under(asked_read_only: bool, grant_mode: Mode) -> bool {
+    asked_read_only || grant_mode == Mode::ReadOnly
+}
+
+/// `path` relative to the granted folder `grant`, which must cover it by whole components.
+fn beneath_grant(path: &str, grant: Option<&str>) -> Result<String, String> {
+    let grant = grant.ok_or_else(|| format!("{path} is not under a host path granted to its workspace"))?;
+    let (Ok(p), Ok(g)) = (AbsPath::parse(path), AbsPath::parse(grant)) else {
+        return Err(format!("{path} or its grant {grant} is not a plain absolute path"));
+    };
+    if !p.is_within(&g) {
+        return Err(format!("{path} is not under its grant {grant}"));
+    }
+    Ok(crate::domain::grant::beneath(&p, &g))
 }
 
 /// `<state>/logs/<worker>.log`: the container's output, as conmon writes it.
@@ -514,6 +546,28 @@ async fn send(client: &Client, worker: uuid::Uuid, batch: &mut Vec<LogLineIn>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_host_path_is_read_only_unless_both_mount_and_grant_allow_writing() {
+        assert!(read_only_under(false, Mode::ReadOnly), "a read-only grant wins over a rw mount");
+        assert!(read_only_under(true, Mode::ReadWrite));
+        assert!(!read_only_under(false, Mode::ReadWrite));
+    }
+
+    #[test]
+    fn a_host_path_must_lie_within_its_grant() {
+        assert_eq!(beneath_grant("/scratch/ml/a", Some("/scratch")).unwrap(), "ml/a");
+        assert_eq!(beneath_grant("/scratch", Some("/scratch")).unwrap(), "");
+        let refused = [
+            ("/scratch/ml", None, "/scratch/ml is not under a host path granted to its workspace"),
+            ("/scratchy/x", Some("/scratch"), "/scratchy/x is not under its grant /scratch"),
+            ("/scratch/../etc", Some("/scratch"), "is not a plain absolute path"),
+        ];
+        for (path, grant, why) in refused {
+            let err = beneath_grant(path, grant).unwrap_err();
+            assert!(err.contains(why), "{path}: {err}");
+        }
+    }
 
     #[test]
     fn reasons_read_as_words() {

@@ -24,9 +24,10 @@ use crate::auth::machine::{self, verify_credential};
 use crate::auth::seal;
 use crate::beats;
 use crate::domain::drive::{Location, full_name};
+use crate::domain::grant::{self, Grant};
 use crate::domain::quantity::human_bytes;
 use crate::domain::run::{RunSpec, WorkerState};
-use crate::domain::task::PULL_AUTH_KEY;
+use crate::domain::task::{Mode, PULL_AUTH_KEY};
 use crate::domain::{Name, Problems};
 use crate::hub;
 use crate::kept::Kept;
@@ -353,6 +354,8 @@ async fn answer(
 struct Referenced {
     drives: HashMap<(Uuid, String), Arc<DriveRecord>>,
     secrets: HashMap<(Uuid, String), Vec<u8>>,
+    /// The host-path grants of each (workspace, cluster) whose workers mount drives.
+    grants: HashMap<(Uuid, String), Vec<Grant>>,
 }
 
 impl Referenced {
@@ -364,8 +367,13 @@ impl Referenced {
     ) -> Result<Referenced, ApiError> {
         let mut drives: Vec<(Uuid, String)> = Vec::new();
         let mut secrets: (Vec<Uuid>, Vec<String>) = Default::default();
+        let mut grants: Vec<(Uuid, String)> = Vec::new();
         for row in rows {
-            let task = &specs[&row.run_id].task_template;
+            let spec = &specs[&row.run_id];
+            let task = &spec.task_template;
+            if !task.datavolume_refs.is_empty() {
+                grants.push((row.workspace_id, spec.cluster.to_string()));
+            }
             drives.extend(task.datavolume_refs.iter().map(|r| (row.workspace_id, r.name.to_string())));
             for s in task.secret_refs.iter().map(|s| &s.name).chain(&task.image_pull_secret) {
                 secrets.0.push(row.workspace_id);
@@ -387,7 +395,9 @@ impl Referenced {
             .into_iter()
             .map(|(ws, name, sealed)| ((ws, name), sealed))
             .collect();
-        Ok(Referenced { drives, secrets })
+        // Read at every answer, never kept: narrowing a grant holds for the next mount.
+        let grants = store::grants::of_many(&mut *db, &grants).await?;
+        Ok(Referenced { drives, secrets, grants })
     }
 }
 
@@ -440,7 +450,14 @@ fn assignment(
                 sub.as_str().to_owned(),
             ),
             Location::Shared(path) | Location::Node(_, path) => {
-                (MountSource::Host { path: path.to_string() }, String::new())
+                let grants = refs.grants.get(&(row.workspace_id, spec.cluster.to_string()));
+                let grant = grant::covering(grants.map_or(&[][..], Vec::as_slice), &path);
+                let source = MountSource::Host {
+                    path: path.to_string(),
+                    grant: grant.map(|g| g.path.to_string()),
+                    grant_mode: grant.map_or(Mode::ReadOnly, |g| g.mode),
+                };
+                (source, String::new())
             }
         };
         let sub_path = [base.as_str(), r.sub_path.as_str()]

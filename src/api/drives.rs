@@ -22,8 +22,8 @@ use super::{
     workers::{self, WorkerRef},
 };
 use crate::domain::drive::{DriveSpec, Location, full_name};
+use crate::domain::grant::{self, Refused};
 use crate::domain::meta::MetaInput;
-use crate::domain::path::AbsPath;
 use crate::domain::role::Role;
 use crate::domain::{Name, Problems};
 use crate::hub;
@@ -147,25 +147,29 @@ fn to_object(caller: &Caller, r: DriveRecord, copies: List<Copy>, used_by: List<
     }
 }
 
-/// Host paths must lie under one the organisation admin granted this workspace on the cluster.
+/// Host paths must lie under one the organisation admin granted this workspace on the cluster,
+/// and a read-write source under a grant that allows writing.
 async fn check_grant(app: &AppState, caller: &Caller, spec: &DriveSpec) -> Result<(), ApiError> {
     let path = match spec.location() {
         Location::Placed(_) => return Ok(()),
         Location::Shared(p) | Location::Node(_, p) => p,
     };
     let grants = store::grants::list(&app.db, caller.workspace_id, spec.cluster.as_str()).await?;
-    let granted = grants.iter().filter_map(|g| AbsPath::parse(g).ok()).any(|g| path.is_within(&g));
-    if granted {
-        return Ok(());
+    match grant::allow(&grants, &path, spec.source().mode) {
+        Ok(_) => Ok(()),
+        Err(Refused::Uncovered) => Err(ApiError::invalid(
+            "spec.sources[0].path",
+            format!(
+                "{path} is not under a host path granted to workspace {} on cluster {} \
+                 (an organisation admin grants them in Settings → Clusters → Change → Host paths)",
+                caller.workspace, spec.cluster
+            ),
+        )),
+        Err(Refused::ReadOnly(granted)) => Err(ApiError::invalid(
+            "spec.sources[0].mode",
+            format!("{path} is under {granted}, granted ReadOnly: its drives mount it ReadOnly"),
+        )),
     }
-    Err(ApiError::invalid(
-        "spec.sources[0].path",
-        format!(
-            "{path} is not under a host path granted to workspace {} on cluster {} \
-             (an organisation admin grants them in Settings → Clusters → Change → Host paths)",
-            caller.workspace, spec.cluster
-        ),
-    ))
 }
 
 /// Create a drive.

@@ -14,7 +14,7 @@ use super::caller::Caller;
 use super::error::{ApiError, ErrorBody, on_constraint};
 use super::extract::{Body, Path};
 use super::list::List;
-use crate::domain::path::AbsPath;
+use crate::domain::grant::{Grant, GrantInput};
 use crate::domain::{FieldError, Name};
 use crate::store;
 
@@ -37,11 +37,20 @@ pub struct Named {
     pub created_at: DateTime<Utc>,
 }
 
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
+/// The host paths a workspace may use on a cluster.
+#[derive(Debug, Serialize, ToSchema)]
 pub struct HostPaths {
-    /// Absolute paths; drives of the workspace may use these and what lies below them.
-    pub paths: Vec<AbsPath>,
+    /// Drives of the workspace may use these folders and what lies below them; the deepest
+    /// grant that covers a path decides its mode.
+    pub paths: Vec<Grant>,
+}
+
+/// The host paths to grant, replacing those granted before.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct HostPathsInput {
+    /// Each an absolute path (granted `ReadOnly`) or `{path, mode}`.
+    pub paths: Vec<GrantInput>,
 }
 
 /// List workspaces.
@@ -140,13 +149,12 @@ pub async fn get_host_paths(
 ) -> Result<Json<HostPaths>, ApiError> {
     caller.require_org_admin("read host-path grants")?;
     let ws = target(&app, &workspace, &cluster).await?;
-    let rows = store::grants::list(&app.db, ws, &cluster).await?;
-    Ok(Json(HostPaths { paths: rows.iter().filter_map(|p| AbsPath::parse(p).ok()).collect() }))
+    Ok(Json(HostPaths { paths: store::grants::list(&app.db, ws, &cluster).await? }))
 }
 
 /// Replace the host paths a workspace may use on a cluster.
 #[utoipa::path(put, path = "/workspaces/{workspace}/clusters/{cluster}/host-paths", tag = "organisation",
-    params(("workspace" = String, Path), ("cluster" = String, Path)), request_body = HostPaths,
+    params(("workspace" = String, Path), ("cluster" = String, Path)), request_body = HostPathsInput,
     responses(
         (status = 200, body = HostPaths),
         (status = 403, description = "Not an organisation-admin token", body = ErrorBody),
@@ -158,15 +166,15 @@ pub async fn put_host_paths(
     State(app): State<AppState>,
     caller: Caller,
     Path((workspace, cluster)): Path<(String, String)>,
-    Body(input): Body<HostPaths>,
+    Body(input): Body<HostPathsInput>,
 ) -> Result<Json<HostPaths>, ApiError> {
     caller.require_org_admin("grant host paths")?;
     let ws = target(&app, &workspace, &cluster).await?;
-    let roots: Vec<FieldError> = input
-        .paths
+    let grants: Vec<Grant> = input.paths.into_iter().map(Grant::from).collect();
+    let roots: Vec<FieldError> = grants
         .iter()
         .enumerate()
-        .filter(|(_, p)| p.is_root())
+        .filter(|(_, g)| g.path.is_root())
         .map(|(i, _)| FieldError {
             path: format!("paths[{i}]"),
             message: "granting / would grant the whole machine".into(),
@@ -175,11 +183,23 @@ pub async fn put_host_paths(
     if !roots.is_empty() {
         return Err(ApiError::Invalid(roots));
     }
-    let mut paths: Vec<String> = input.paths.iter().map(|p| p.to_string()).collect();
-    paths.sort();
-    paths.dedup();
+    let mut seen = std::collections::HashSet::new();
+    let twice: Vec<FieldError> = grants
+        .iter()
+        .enumerate()
+        .filter(|(_, g)| !seen.insert(g.path.clone()))
+        .map(|(i, g)| FieldError {
+            path: format!("paths[{i}]"),
+            message: format!("{} is given twice", g.path),
+        })
+        .collect();
+    if !twice.is_empty() {
+        return Err(ApiError::Invalid(twice));
+    }
+    let mut grants = grants;
+    grants.sort_by(|a, b| a.path.as_str().cmp(b.path.as_str()));
     let mut tx = app.db.begin().await?;
-    store::grants::replace(&mut tx, ws, &cluster, &paths).await?;
+    store::grants::replace(&mut tx, ws, &cluster, &grants).await?;
     tx.commit().await?;
-    Ok(Json(HostPaths { paths: paths.iter().filter_map(|p| AbsPath::parse(p).ok()).collect() }))
+    Ok(Json(HostPaths { paths: grants }))
 }

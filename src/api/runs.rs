@@ -23,6 +23,8 @@ use super::secrets;
 use super::watch::{self, Kind};
 use super::workers::{self, Worker};
 use crate::domain::Problems;
+use crate::domain::drive::Location;
+use crate::domain::grant::{self, Grant, Refused};
 use crate::domain::meta::MetaInput;
 use crate::domain::name::could_name_object;
 use crate::domain::role::Role;
@@ -96,8 +98,10 @@ fn to_object(namespace: &str, r: RunRecord, workers: Option<List<Worker>>) -> Ru
     }
 }
 
-/// Fills in each mount's path and mode from its drive, and checks what needs the drives.
-fn resolve_mounts(spec: &mut RunSpec, drives: &[DriveRecord], p: &mut Problems) {
+/// Fills in each mount's path and mode from its drive, and checks what needs the drives: a
+/// host path is still granted (`grants`, the workspace's on the run's cluster), read-write
+/// only under a grant that allows writing.
+fn resolve_mounts(spec: &mut RunSpec, drives: &[DriveRecord], grants: &[Grant], p: &mut Problems) {
     let by_name: HashMap<&str, &DriveRecord> = drives.iter().map(|d| (d.name.as_str(), d)).collect();
     let mut mount_paths = HashSet::new();
     for (i, r) in spec.task_template.datavolume_refs.iter_mut().enumerate() {
@@ -123,7 +127,25 @@ fn resolve_mounts(spec: &mut RunSpec, drives: &[DriveRecord], p: &mut Problems) 
                 format!("{mount} is already used by another drive of this task"),
             );
         }
-        r.mode.get_or_insert(source.mode);
+        let mode = *r.mode.get_or_insert(source.mode);
+        let (Location::Shared(path) | Location::Node(_, path)) = drive.spec.0.location() else { continue };
+        match grant::allow(grants, &path, mode) {
+            Ok(_) => {}
+            Err(Refused::Uncovered) => p.add(
+                format!("{at}.name"),
+                format!(
+                    "drive {}'s path {path} is no longer under a host path granted to this workspace",
+                    r.name
+                ),
+            ),
+            Err(Refused::ReadOnly(granted)) => p.add(
+                format!("{at}.mode"),
+                format!(
+                    "drive {} is at {path}, under {granted}, granted ReadOnly: mount it ReadOnly",
+                    r.name
+                ),
+            ),
+        }
     }
 }
 
@@ -160,8 +182,9 @@ pub async fn create(
     let drive_names: Vec<String> =
         spec.task_template.datavolume_refs.iter().map(|r| r.name.to_string()).collect();
     let drives = store::drives::lock_for_share(&mut tx, caller.workspace_id, &drive_names).await?;
+    let grants = store::grants::list(&mut *tx, caller.workspace_id, spec.cluster.as_str()).await?;
     let mut problems = Problems::default();
-    resolve_mounts(&mut spec, &drives, &mut problems);
+    resolve_mounts(&mut spec, &drives, &grants, &mut problems);
     problems.finish().map_err(ApiError::Invalid)?;
     let name = metadata.name.as_str();
     let drive_ids: Vec<_> = drives.iter().map(|d| d.id).collect();

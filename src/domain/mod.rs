@@ -2,6 +2,7 @@
 
 pub mod drive;
 pub mod field;
+pub mod grant;
 pub mod image;
 pub mod meta;
 pub mod name;

@@ -89,7 +89,8 @@ pub enum SelectionMode {
     Exact,
 }
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema, sqlx::Type)]
+#[sqlx(type_name = "text")]
 pub enum Mode {
     #[default]
     ReadOnly,

@@ -1,7 +1,26 @@
 //! Filters: whether a machine can take a worker, and if not, why, in words a person can act on.
 
 use super::snapshot::{MachineView, Request};
+use crate::domain::grant::{self, Grant};
+use crate::domain::path::AbsPath;
 use crate::domain::quantity::human_bytes;
+
+/// Why the worker may start nowhere: a host path it mounts that none of its workspace's
+/// `grants` on the cluster covers any more (a grant narrowed or removed since its run was made).
+pub fn ungranted(r: &Request, grants: &[Grant]) -> Option<String> {
+    r.drives.iter().find_map(|d| {
+        let path = d.host_path.as_deref()?;
+        let covered = AbsPath::parse(path).is_ok_and(|p| grant::covering(grants, &p).is_some());
+        let namespace = d.full.strip_suffix(&d.name).unwrap_or(&d.full).trim_end_matches('.');
+        (!covered).then(|| {
+            format!(
+                "drive {} mounts {path}, which is no longer under a host path granted to workspace \
+                 {namespace} on cluster {}",
+                d.full, r.cluster
+            )
+        })
+    })
+}
 
 /// `Ok` when the machine fits, otherwise the first reason it does not.
 pub fn fits(m: &MachineView, r: &Request) -> Result<(), String> {
@@ -99,6 +118,7 @@ mod tests {
 
     fn food101() -> DriveNeed {
         DriveNeed {
+            host_path: None,
             id: Uuid::from_u128(101),
             name: "food101".into(),
             full: "default.food101".into(),
@@ -206,8 +226,28 @@ mod tests {
     }
 
     #[test]
+    fn a_host_path_no_grant_covers_any_more_is_named() {
+        use crate::domain::task::Mode;
+        let mut r = request();
+        let mut d = food101();
+        d.scope = Some("shared".into());
+        d.host_path = Some("/scratch/ml/food101".into());
+        r.drives = vec![d];
+        let grant = |p: &str| Grant { path: AbsPath::parse(p).unwrap(), mode: Mode::ReadOnly };
+        assert_eq!(ungranted(&r, &[grant("/scratch")]), None);
+        assert_eq!(ungranted(&r, &[grant("/scratch/ml/food101")]), None);
+        let why = "drive default.food101 mounts /scratch/ml/food101, which is no longer under a host \
+                   path granted to workspace default on cluster main";
+        assert_eq!(ungranted(&r, &[grant("/scratch/other")]).as_deref(), Some(why));
+        assert_eq!(ungranted(&r, &[]).as_deref(), Some(why));
+        r.drives[0].host_path = None;
+        assert_eq!(ungranted(&r, &[]), None, "a placed drive needs no grant");
+    }
+
+    #[test]
     fn every_missing_drive_needs_room_at_once_and_a_copy_being_filled_needs_none() {
         let drive = |n: u128, name: &str, size_hint: i64| DriveNeed {
+            host_path: None,
             id: Uuid::from_u128(n),
             name: name.into(),
             full: format!("default.{name}"),

@@ -18,7 +18,8 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use crate::controllers::fill;
-use crate::hub::Hub;
+use crate::domain::run::WorkerState;
+use crate::hub::{self, Hub};
 use crate::store::{
     self,
     workers::{Bind, Charge, ClaimCursor, PendingRow, PendingRun},
@@ -115,6 +116,16 @@ async fn pass(
         .collect();
     let lent =
         store::workers::waiting_charges(&mut *tx, &fills.values().copied().collect::<Vec<_>>()).await?;
+    // Grants are checked again at every placement: one narrowed since a run was made holds
+    // for its next worker.
+    let mounting_host: Vec<(Uuid, String)> = pending
+        .iter()
+        .filter_map(|w| requests.get(&w.run_id).map(|r| (w, r)))
+        .filter(|(_, r)| r.drives.iter().any(|d| d.host_path.is_some()))
+        .map(|(w, r)| (w.workspace_id, r.cluster.clone()))
+        .collect();
+    let grants = store::grants::of_many(&mut *tx, &mounting_host).await?;
+    let mut ungranted: Vec<(&PendingRow, String)> = Vec::new();
     // Decided one by one against the in-memory machines, written together at the end.
     let mut binds: Vec<Bind> = Vec::new();
     // Each copy once, however many of the pass's workers mount it there.
@@ -127,6 +138,11 @@ async fn pass(
         let Some(request) = requests.get(&w.run_id) else {
             continue;
         };
+        let granted = grants.get(&(w.workspace_id, request.cluster.clone())).map_or(&[][..], Vec::as_slice);
+        if let Some(why) = filter::ungranted(request, granted) {
+            ungranted.push((w, why));
+            continue;
+        }
         let mut request = Cow::Borrowed(request);
         if let Some(lent) = fills.get(&w.run_id).and_then(|pair| lent.get(pair)) {
             let r = request.to_mut();
@@ -217,10 +233,28 @@ async fn pass(
     store::events::record_all(&mut *tx, &events).await?;
     // The machines' agents were woken by the bind itself.
     tx.commit().await?;
+    for (w, why) in ungranted {
+        fail_ungranted(db, w, &why).await?;
+    }
     let placed = bound.len();
     metrics::counter!("astraeus_placements_total").increment(placed as u64);
     metrics::histogram!("astraeus_scheduler_pass_seconds").record(started.elapsed().as_secs_f64());
     Ok((placed, pending.len(), next))
+}
+
+/// Fails a Pending worker whose host path is no longer granted, in a transaction of its own:
+/// runs, then workers, the order every transaction locks in.
+async fn fail_ungranted(db: &PgPool, w: &PendingRow, why: &str) -> anyhow::Result<()> {
+    let mut tx = db.begin().await?;
+    let Some(run) = store::workers::lock_run_of(&mut tx, w.id).await? else { return Ok(()) };
+    let failed = store::workers::finish(&mut tx, w.id, None, WorkerState::Failed, why, None).await?;
+    if failed.is_some() {
+        store::workers::refresh_run(&mut tx, run).await?;
+        event(&mut tx, w, true, "HostPathNotGranted", why).await?;
+        hub::worker_changed(&mut *tx, w.id).await?;
+    }
+    tx.commit().await?;
+    Ok(())
 }
 
 /// What each worker of the run asks for.

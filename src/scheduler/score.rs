@@ -99,6 +99,7 @@ mod tests {
 
     fn drive() -> DriveNeed {
         DriveNeed {
+            host_path: None,
             id: Uuid::from_u128(1),
             name: "d".into(),
             full: "ws.d".into(),

@@ -238,6 +238,7 @@ mod tests {
 
     fn drive(n: u8, size_hint: i64) -> DriveNeed {
         DriveNeed {
+            host_path: None,
             id: Uuid::from_u128(n.into()),
             name: format!("d{n}"),
             full: format!("default.d{n}"),

@@ -79,6 +79,9 @@ pub struct DriveNeed {
     pub transport: String,
     pub size_hint: i64,
     pub evictable: bool,
+    /// The host path of a drive on one machine or a shared filesystem.
+    #[serde(default)]
+    pub host_path: Option<String>,
 }
 
 impl DriveNeed {

@@ -513,7 +513,9 @@ pub async fn claim_pending(
                      'scope', d.spec #>> '{sources,0,node_scope}', 'node', d.spec #>> '{sources,0,node}',
                      'transport', COALESCE(d.spec ->> 'transport', 'Auto'),
                      'size_hint', COALESCE((d.spec ->> 'size_hint_bytes')::bigint, 0),
-                     'evictable', COALESCE((d.spec ->> 'evictable')::boolean, false)) ORDER BY d.name)
+                     'evictable', COALESCE((d.spec ->> 'evictable')::boolean, false),
+                     'host_path', CASE WHEN d.spec #>> '{sources,0,node_scope}' = 'placed' THEN NULL
+                                       ELSE d.spec #>> '{sources,0,path}' END) ORDER BY d.name)
                  FROM run_mounts m JOIN drives d ON d.id = m.drive_id JOIN workspaces s ON s.id = d.workspace_id
                  WHERE m.run_id = r.id), '[]'::jsonb) AS drives
          FROM runs r WHERE r.id = ANY($1)",

@@ -7,7 +7,10 @@ use std::sync::Arc;
 
 use astraeus::api::{self, AppState};
 use astraeus::auth::{Keys, issue};
+use astraeus::domain::grant::Grant;
+use astraeus::domain::path::AbsPath;
 use astraeus::domain::role::Role;
+use astraeus::domain::task::Mode;
 use astraeus::store;
 use chrono::Duration;
 use reqwest::{Method, StatusCode};
@@ -162,10 +165,17 @@ impl TestApp {
     }
 
     /// Grants `path` to `workspace` on cluster `main`, as an organisation admin would.
+    /// Grants `workspace` the folder `path` on `main`, read-write.
     pub async fn grant(&self, workspace: &str, path: &str) {
+        self.grant_as(workspace, path, Mode::ReadWrite).await;
+    }
+
+    /// Replaces `workspace`'s grants on `main` with `path` in `mode`.
+    pub async fn grant_as(&self, workspace: &str, path: &str, mode: Mode) {
         let ws = store::workspaces::ensure(&self.db, workspace).await.unwrap();
+        let grant = Grant { path: AbsPath::parse(path).unwrap(), mode };
         let mut tx = self.db.begin().await.unwrap();
-        store::grants::replace(&mut tx, ws.id, "main", &[path.to_owned()]).await.unwrap();
+        store::grants::replace(&mut tx, ws.id, "main", &[grant]).await.unwrap();
         tx.commit().await.unwrap();
     }
 }

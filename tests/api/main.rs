@@ -4,6 +4,7 @@ mod helpers;
 
 mod auth;
 mod drives;
+mod grants;
 mod lifecycle;
 mod machines;
 mod odd_input;

@@ -269,7 +269,7 @@ impl Api {
     }
 
     pub async fn grant_host_paths(&self, paths: &[&Path]) {
-        let body = json!({ "paths": paths });
+        let body = json!({ "paths": paths.iter().map(|p| json!({"path": p, "mode": "ReadWrite"})).collect::<Vec<_>>() });
         self.put("/workspaces/default/clusters/main/host-paths", &body).await.expect(StatusCode::OK);
     }
 

@@ -512,10 +512,16 @@ try {
     await page.getByLabel('Host path 1').fill('/datasets');
     await page.getByRole('button', { name: 'Add a path' }).click();
     await page.getByLabel('Host path 2').fill('/scratch/shared');
+    await page.getByLabel('Grant mode 2').selectOption('ReadWrite');
     await page.getByRole('button', { name: 'Save host paths' }).click();
-    await page.getByText('Saved: workspace default may use /datasets, /scratch/shared on main.').waitFor();
+    await page
+      .getByText('Saved: workspace default may use /datasets (ReadOnly), /scratch/shared (ReadWrite) on main.')
+      .waitFor();
     const granted = (await api('GET', '/workspaces/default/clusters/main/host-paths')).body;
-    assert.deepEqual(granted.paths, ['/datasets', '/scratch/shared']);
+    assert.deepEqual(granted.paths, [
+      { path: '/datasets', mode: 'ReadOnly' },
+      { path: '/scratch/shared', mode: 'ReadWrite' },
+    ]);
     await shot('19-settings-host-paths');
   });
 

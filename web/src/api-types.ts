@@ -2270,7 +2270,7 @@ export interface paths {
             };
             requestBody: {
                 content: {
-                    "application/json": components["schemas"]["HostPaths"];
+                    "application/json": components["schemas"]["HostPathsInput"];
                 };
             };
             responses: {
@@ -2508,9 +2508,32 @@ export interface components {
             /** @description The fill run's worker. It must write `/drive/.astralyx-filled` last. */
             template: components["schemas"]["TaskTemplate"];
         };
+        /** @description A folder granted to a workspace on a cluster: drives may use it and what lies below it. */
+        Grant: {
+            /**
+             * @description `ReadWrite` lets workers mount what lies below read-write when they ask; `ReadOnly`
+             *     (the default) mounts it read-only whatever they ask.
+             */
+            mode?: components["schemas"]["Mode"];
+            path: components["schemas"]["AbsPath"];
+        };
+        /**
+         * @description A grant as a request gives it: a path alone (granted `ReadOnly`, the shape grants had before
+         *     they had a mode) or a path with its mode.
+         */
+        GrantInput: string | components["schemas"]["Grant"];
+        /** @description The host paths a workspace may use on a cluster. */
         HostPaths: {
-            /** @description Absolute paths; drives of the workspace may use these and what lies below them. */
-            paths: components["schemas"]["AbsPath"][];
+            /**
+             * @description Drives of the workspace may use these folders and what lies below them; the deepest
+             *     grant that covers a path decides its mode.
+             */
+            paths: components["schemas"]["Grant"][];
+        };
+        /** @description The host paths to grant, replacing those granted before. */
+        HostPathsInput: {
+            /** @description Each an absolute path (granted `ReadOnly`) or `{path, mode}`. */
+            paths: components["schemas"]["GrantInput"][];
         };
         /** @description A container image the machine holds. */
         ImageReport: {

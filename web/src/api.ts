@@ -18,6 +18,7 @@ export type CreatedToken = S['CreatedToken'];
 export type TokenInput = S['TokenInput'];
 export type Named = S['Named'];
 export type HostPaths = S['HostPaths'];
+export type Grant = S['Grant'];
 export type FieldError = S['FieldError'];
 export type Role = S['Role'];
 export interface List<T> {

@@ -1,9 +1,12 @@
 import { useEffect, useState } from 'preact/hooks';
-import { ApiError, enc, fieldMessages, get, type HostPaths, type List, type Named, put } from '../api';
+import { ApiError, enc, fieldMessages, get, type Grant, type HostPaths, type List, type Named, put } from '../api';
 import { claims } from '../auth';
 import { useTitle } from '../hooks';
 import { Link, navigate } from '../router';
 import { ErrorNote, FormError, Loading, OtherFieldErrors } from '../ui';
+
+/** A new row: read-only, the safer grant. */
+const blank = (): Grant => ({ path: '', mode: 'ReadOnly' });
 
 /** Settings → Clusters → Change → Host paths: what a workspace's drives may use on the cluster. */
 export function HostPathsPage({ cluster, query }: { cluster: string; query: URLSearchParams }) {
@@ -11,7 +14,7 @@ export function HostPathsPage({ cluster, query }: { cluster: string; query: URLS
   const workspace = query.get('workspace') || own;
   useTitle(`Host paths on ${cluster}`);
   const [workspaces, setWorkspaces] = useState<string[]>([own]);
-  const [paths, setPaths] = useState<string[] | undefined>();
+  const [paths, setPaths] = useState<Grant[] | undefined>();
   const [loadError, setLoadError] = useState<unknown>();
   const [error, setError] = useState<unknown>();
   const [busy, setBusy] = useState(false);
@@ -29,7 +32,7 @@ export function HostPathsPage({ cluster, query }: { cluster: string; query: URLS
     setSaved(undefined);
     setError(undefined);
     get<HostPaths>(`/workspaces/${enc(workspace)}/clusters/${enc(cluster)}/host-paths`)
-      .then((h) => setPaths(h.paths.length ? h.paths : ['']))
+      .then((h) => setPaths(h.paths.length ? h.paths : [blank()]))
       .catch(setLoadError);
   }, [workspace, cluster]);
 
@@ -40,14 +43,14 @@ export function HostPathsPage({ cluster, query }: { cluster: string; query: URLS
     setSaved(undefined);
     setBusy(true);
     try {
-      const wanted = paths.map((p) => p.trim()).filter(Boolean);
+      const wanted = paths.map((p) => ({ ...p, path: p.path.trim() })).filter((p) => p.path);
       const h = await put<HostPaths>(`/workspaces/${enc(workspace)}/clusters/${enc(cluster)}/host-paths`, {
         paths: wanted,
       });
-      setPaths(h.paths.length ? h.paths : ['']);
+      setPaths(h.paths.length ? h.paths : [blank()]);
       setSaved(
         h.paths.length
-          ? `Saved: workspace ${workspace} may use ${h.paths.join(', ')} on ${cluster}.`
+          ? `Saved: workspace ${workspace} may use ${h.paths.map((g) => `${g.path} (${g.mode})`).join(', ')} on ${cluster}.`
           : `Saved: workspace ${workspace} may use no host path on ${cluster}.`,
       );
     } catch (err) {
@@ -57,10 +60,11 @@ export function HostPathsPage({ cluster, query }: { cluster: string; query: URLS
     }
   };
 
-  const setAt = (i: number, value: string) => setPaths((ps) => ps!.map((p, j) => (j === i ? value : p)));
-  const remove = (i: number) => setPaths((ps) => { const next = ps!.filter((_, j) => j !== i); return next.length ? next : ['']; });
+  const setAt = (i: number, value: Partial<Grant>) =>
+    setPaths((ps) => ps!.map((p, j) => (j === i ? { ...p, ...value } : p)));
+  const remove = (i: number) => setPaths((ps) => { const next = ps!.filter((_, j) => j !== i); return next.length ? next : [blank()]; });
   // The API numbers the paths it was sent, without the empty rows.
-  const indexSent = (i: number) => (paths ?? []).slice(0, i).filter((p) => p.trim()).length;
+  const indexSent = (i: number) => (paths ?? []).slice(0, i).filter((p) => p.path.trim()).length;
 
   if (loadError instanceof ApiError && loadError.status === 404) {
     return (
@@ -81,7 +85,9 @@ export function HostPathsPage({ cluster, query }: { cluster: string; query: URLS
       <h1>Host paths</h1>
       <p class="lede">
         Drives of workspace <strong>{workspace}</strong> on cluster <strong>{cluster}</strong> may use these folders
-        of the machines, and what lies below them: a drive on one machine, or a shared filesystem.
+        of the machines, and what lies below them: a drive on one machine, or a shared filesystem. Workers mount
+        them read-only unless the path is granted read-write and the drive or run asks to write; links are never
+        followed out of a granted folder.
       </p>
       <div class="field">
         <label for="hp-workspace">Workspace</label>
@@ -113,7 +119,7 @@ export function HostPathsPage({ cluster, query }: { cluster: string; query: URLS
           <fieldset class="field">
             <legend>Host paths</legend>
             {paths.map((p, i) => {
-              const messages = p.trim() ? fieldMessages(error, `paths[${indexSent(i)}]`) : [];
+              const messages = p.path.trim() ? fieldMessages(error, `paths[${indexSent(i)}]`) : [];
               return (
                 <div class="path-row" key={i}>
                   <div class="inline">
@@ -122,11 +128,19 @@ export function HostPathsPage({ cluster, query }: { cluster: string; query: URLS
                       aria-label={`Host path ${i + 1}`}
                       aria-invalid={messages.length ? 'true' : undefined}
                       aria-describedby={messages.length ? `hp-${i}-error` : undefined}
-                      value={p}
+                      value={p.path}
                       placeholder="/datasets"
                       spellcheck={false}
-                      onInput={(e) => setAt(i, e.currentTarget.value)}
+                      onInput={(e) => setAt(i, { path: e.currentTarget.value })}
                     />
+                    <select
+                      aria-label={`Grant mode ${i + 1}`}
+                      value={p.mode}
+                      onChange={(e) => setAt(i, { mode: e.currentTarget.value as Grant['mode'] })}
+                    >
+                      <option value="ReadOnly">Read-only</option>
+                      <option value="ReadWrite">Read-write</option>
+                    </select>
                     <button type="button" onClick={() => remove(i)}>
                       Remove<span class="sr-only"> host path {i + 1}</span>
                     </button>
@@ -140,7 +154,7 @@ export function HostPathsPage({ cluster, query }: { cluster: string; query: URLS
               );
             })}
             <p>
-              <button type="button" onClick={() => setPaths((ps) => [...ps!, ''])}>
+              <button type="button" onClick={() => setPaths((ps) => [...ps!, blank()])}>
                 Add a path
               </button>
             </p>

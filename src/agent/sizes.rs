@@ -1,0 +1,256 @@
+//! Copy sizes, measured off the heartbeat's path.
+//!
+//! Measuring a copy takes a step per file, and a copy may hold millions (a dataset, or what a
+//! worker makes): a heartbeat that waited for such a walk would come past the server's grace
+//! period, and every worker on the machine would fail. A [`Measurer`] walks the copies in turn,
+//! a bounded number of entries per pass, and resumes where it stopped; heartbeats read the
+//! latest size known of each copy from [`Sizes`] and never walk.
+//!
+//! A walk follows no symlink and stays on its copy's filesystem: each folder is opened beneath
+//! its parent's descriptor with `O_NOFOLLOW`, starting from the `drives/` folder's descriptor,
+//! and an entry on another device (something mounted inside the copy) is skipped.
+
+use std::collections::{HashMap, VecDeque};
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use rustix::fs::{AtFlags, Dir, FileType, Mode, OFlags};
+
+use super::disk;
+
+/// Entries a pass visits at most, over all the copies it walks.
+pub const PASS_ENTRIES: usize = 20_000;
+/// Folders a walk descends at most: each level holds a descriptor open while it is walked.
+const MAX_DEPTH: usize = 128;
+
+/// The latest size known of each copy, by folder name, shared by the measurer and heartbeats.
+#[derive(Debug, Default)]
+pub struct Sizes(Mutex<HashMap<String, u64>>);
+
+impl Sizes {
+    /// The bytes last measured of `folder`; `None` until a walk of it has finished.
+    pub fn get(&self, folder: &str) -> Option<u64> {
+        self.0.lock().expect("not poisoned").get(folder).copied()
+    }
+
+    fn set(&self, folder: &str, bytes: u64) {
+        self.0.lock().expect("not poisoned").insert(folder.to_owned(), bytes);
+    }
+
+    fn keep_only(&self, folders: &[String]) {
+        self.0.lock().expect("not poisoned").retain(|f, _| folders.contains(f));
+    }
+}
+
+/// What one pass did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pass {
+    /// Entries visited: never more than the pass's budget.
+    pub visited: usize,
+    /// Whether a walk is left unfinished: the next pass should come soon.
+    pub unfinished: bool,
+}
+
+/// Walks the copies of one data location in turn, resuming unfinished walks.
+#[derive(Default)]
+pub struct Measurer {
+    dir: Option<PathBuf>,
+    /// The copies in the order they are walked; the front is walked next. Copies never
+    /// measured go first.
+    turn: VecDeque<String>,
+    /// Walks begun and not finished, by folder.
+    walks: HashMap<String, Walk>,
+}
+
+impl Measurer {
+    /// Visits at most `budget` entries, walking the copies in `dir`'s `drives/` in turn, and
+    /// records in `sizes` each copy whose walk finishes. Stops early once every copy was
+    /// measured in this pass.
+    pub fn pass(&mut self, dir: &Path, sizes: &Sizes, budget: usize) -> Pass {
+        if self.dir.as_deref() != Some(dir) {
+            *self = Measurer { dir: Some(dir.to_path_buf()), ..Measurer::default() };
+        }
+        let Some(drives) = disk::open_drives(dir) else {
+            self.turn.clear();
+            self.walks.clear();
+            sizes.keep_only(&[]);
+            return Pass { visited: 0, unfinished: false };
+        };
+        let present = disk::copy_folders(&drives);
+        sizes.keep_only(&present);
+        self.turn.retain(|f| present.contains(f));
+        self.walks.retain(|f, _| present.contains(f));
+        let new: Vec<&String> = present.iter().filter(|f| !self.turn.contains(f)).collect();
+        for folder in new {
+            self.turn.push_front(folder.clone());
+        }
+        let (mut left, mut finished) = (budget, 0);
+        while left > 0 && finished < self.turn.len() {
+            let Some(folder) = self.turn.front().cloned() else { break };
+            let walk = match self.walks.remove(&folder) {
+                Some(w) => Some(w),
+                None => Walk::start(&drives, &folder),
+            };
+            let Some(mut walk) = walk else {
+                // Not a folder this walk may enter (gone, or a link): nothing to count.
+                self.turn.rotate_left(1);
+                finished += 1;
+                continue;
+            };
+            if walk.step(&mut left) {
+                sizes.set(&folder, walk.bytes);
+                self.turn.rotate_left(1);
+                finished += 1;
+            } else {
+                self.walks.insert(folder, walk);
+            }
+        }
+        Pass { visited: budget - left, unfinished: !self.walks.is_empty() }
+    }
+}
+
+/// One copy's walk: the folders being read, deepest last.
+struct Walk {
+    dev: u64,
+    stack: Vec<Dir>,
+    bytes: u64,
+}
+
+impl Walk {
+    fn start(drives: &OwnedFd, folder: &str) -> Option<Walk> {
+        let fd = open_dir(drives, folder)?;
+        let dev = rustix::fs::fstat(&fd).ok()?.st_dev;
+        Some(Walk { dev, stack: vec![Dir::new(fd).ok()?], bytes: 0 })
+    }
+
+    /// Visits entries until `left` is spent or the walk ends; whether it ended.
+    fn step(&mut self, left: &mut usize) -> bool {
+        while *left > 0 {
+            let depth = self.stack.len();
+            let Some(top) = self.stack.last_mut() else { return true };
+            let entry = match top.read() {
+                None | Some(Err(_)) => {
+                    self.stack.pop();
+                    continue;
+                }
+                Some(Ok(entry)) => entry,
+            };
+            let name = entry.file_name();
+            if name == c"." || name == c".." {
+                continue;
+            }
+            *left -= 1;
+            let Ok(parent) = top.fd() else { continue };
+            let Ok(st) = rustix::fs::statat(parent, name, AtFlags::SYMLINK_NOFOLLOW) else { continue };
+            if st.st_dev != self.dev {
+                continue;
+            }
+            let child = match FileType::from_raw_mode(st.st_mode) {
+                FileType::RegularFile => {
+                    self.bytes += st.st_size.max(0) as u64;
+                    None
+                }
+                FileType::Directory if depth < MAX_DEPTH => {
+                    open_dir(parent, name).and_then(|fd| Dir::new(fd).ok())
+                }
+                _ => None,
+            };
+            self.stack.extend(child);
+        }
+        self.stack.is_empty()
+    }
+}
+
+/// `name` beneath `parent`, opened for reading without following a symlink there.
+fn open_dir<P: rustix::path::Arg>(parent: impl AsFd, name: P) -> Option<OwnedFd> {
+    let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    rustix::fs::openat(parent, name, flags, Mode::empty()).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn copy(dir: &Path, folder: &str) -> PathBuf {
+        let path = dir.join("drives").join(folder);
+        std::fs::create_dir_all(&path).unwrap();
+        path
+    }
+
+    /// Passes until the measurer has nothing left to walk; how many it took.
+    fn settle(m: &mut Measurer, dir: &Path, sizes: &Sizes, budget: usize) -> usize {
+        (1..).find(|_| !m.pass(dir, sizes, budget).unfinished).unwrap()
+    }
+
+    #[test]
+    fn a_copy_of_very_many_files_is_measured_over_passes_while_reports_read_what_is_known() {
+        const FILES: usize = 200_000;
+        const BUDGET: usize = 10_000;
+        let dir = tempfile::tempdir().unwrap();
+        let big = copy(dir.path(), "default.many");
+        for i in 0..FILES / 1000 {
+            let sub = big.join(i.to_string());
+            std::fs::create_dir(&sub).unwrap();
+            for j in 0..1000 {
+                std::fs::File::create(sub.join(j.to_string())).unwrap();
+            }
+        }
+        std::fs::write(big.join("weights"), vec![0u8; 4096]).unwrap();
+        std::fs::write(big.join(disk::MARKER), b"").unwrap();
+        let (sizes, mut m) = (Sizes::default(), Measurer::default());
+
+        let first = m.pass(dir.path(), &sizes, BUDGET);
+        assert_eq!(first, Pass { visited: BUDGET, unfinished: true });
+        // The heartbeat's report, made while the walk is unfinished, reads only what is known.
+        let report = disk::report(dir.path(), &sizes);
+        assert_eq!(report.copies.len(), 1);
+        let c = &report.copies[0];
+        assert_eq!((c.drive.as_str(), c.bytes, c.complete), ("default.many", 0, true));
+
+        // 200,000 files, 200 folders, `weights` and the marker: 200,202 entries, 10,000 a pass.
+        let rest = settle(&mut m, dir.path(), &sizes, BUDGET);
+        assert_eq!(1 + rest, 200_202usize.div_ceil(BUDGET));
+        assert_eq!(disk::report(dir.path(), &sizes).copies[0].bytes, 4096);
+    }
+
+    #[test]
+    fn a_new_copy_is_measured_before_an_unfinished_walk_resumes() {
+        let dir = tempfile::tempdir().unwrap();
+        let big = copy(dir.path(), "default.big");
+        for i in 0..100 {
+            std::fs::write(big.join(i.to_string()), b"x").unwrap();
+        }
+        let (sizes, mut m) = (Sizes::default(), Measurer::default());
+        assert!(m.pass(dir.path(), &sizes, 10).unfinished);
+        std::fs::write(copy(dir.path(), "default.small").join("a"), vec![0u8; 7]).unwrap();
+        assert!(m.pass(dir.path(), &sizes, 10).unfinished);
+        assert_eq!(sizes.get("default.small"), Some(7), "measured in the first pass that saw it");
+        assert_eq!(sizes.get("default.big"), None);
+        settle(&mut m, dir.path(), &sizes, 10);
+        assert_eq!(sizes.get("default.big"), Some(100));
+        // Every copy measured in one pass: the pass stops there, however large its budget.
+        assert_eq!(m.pass(dir.path(), &sizes, 1_000), Pass { visited: 101, unfinished: false });
+    }
+
+    #[test]
+    fn a_walk_counts_no_link_and_forgets_removed_copies() {
+        let dir = tempfile::tempdir().unwrap();
+        let elsewhere = tempfile::tempdir().unwrap();
+        std::fs::write(elsewhere.path().join("big"), vec![0u8; 10_000]).unwrap();
+        let c = copy(dir.path(), "default.x");
+        std::fs::write(c.join("own"), vec![0u8; 5]).unwrap();
+        std::fs::create_dir(c.join("deep")).unwrap();
+        std::os::unix::fs::symlink(elsewhere.path(), c.join("deep/esc")).unwrap();
+        std::os::unix::fs::symlink(elsewhere.path().join("big"), c.join("file-link")).unwrap();
+        std::os::unix::fs::symlink(elsewhere.path(), dir.path().join("drives/default.link")).unwrap();
+        let (sizes, mut m) = (Sizes::default(), Measurer::default());
+        settle(&mut m, dir.path(), &sizes, 1_000);
+        assert_eq!(sizes.get("default.x"), Some(5));
+        assert_eq!(sizes.get("default.link"), None, "a link in drives/ is not a copy");
+
+        disk::delete_copy(dir.path(), "default.x");
+        m.pass(dir.path(), &sizes, 1_000);
+        assert_eq!(sizes.get("default.x"), None);
+    }
+}

@@ -25,7 +25,8 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         TcpListener::bind(args.listen).await.with_context(|| format!("cannot listen on {}", args.listen))?;
     let app = AppState::new(db, Arc::new(keys))
         .with_rate_limit(args.rate_limit_per_token)
-        .with_max_in_flight(args.max_requests_in_flight);
+        .with_max_in_flight(args.max_requests_in_flight)
+        .with_stream_caps(args.max_watches_per_token, args.max_watches);
     let stop = CancellationToken::new();
     let loops = start_loops(&app, &args.controllers, &stop);
     tokio::spawn({

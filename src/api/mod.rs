@@ -17,6 +17,7 @@ pub mod org;
 pub mod overload;
 pub mod runs;
 pub mod secrets;
+pub mod streams;
 pub mod tokens;
 pub mod watch;
 pub mod workers;
@@ -57,6 +58,8 @@ pub struct AppState {
     pub limiter: limit::Limiter,
     /// User-API requests in progress at most ([`overload`]); 0 for no cap.
     pub max_in_flight: usize,
+    /// Streams held open, capped per token and per replica.
+    pub streams: streams::Streams,
 }
 
 /// Requests a second one token may make, by default.
@@ -73,7 +76,14 @@ impl AppState {
             run_specs: Arc::default(),
             limiter: limit::Limiter::per_token(DEFAULT_RATE_LIMIT),
             max_in_flight: overload::DEFAULT_MAX_IN_FLIGHT,
+            streams: streams::Streams::new(streams::DEFAULT_PER_TOKEN, streams::DEFAULT_PER_REPLICA),
         }
+    }
+
+    /// Other caps on streams held open, per token and per replica; 0 turns either off.
+    pub fn with_stream_caps(mut self, per_token: usize, per_replica: usize) -> AppState {
+        self.streams = streams::Streams::new(per_token, per_replica);
+        self
     }
 
     /// Another per-token rate limit; 0 turns it off.

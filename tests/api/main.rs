@@ -3,6 +3,7 @@
 mod helpers;
 
 mod auth;
+mod costs;
 mod drives;
 mod machines;
 mod odd_input;
@@ -11,3 +12,4 @@ mod overload;
 mod roles;
 mod runs;
 mod secrets;
+mod watch;

@@ -50,13 +50,18 @@ pub const ANSWER_BYTES: usize = 4 << 20;
 /// Room for a heartbeat of [`MAX_COPIES`] copies with long names.
 const HEARTBEAT_BODY_LIMIT: usize = 32 << 20;
 
+/// The routes a machine credential opens.
 pub fn router() -> Router<AppState> {
     Router::new()
-        .route("/agent/v1/join", post(join))
         .route("/agent/v1/heartbeat", post(heartbeat).layer(DefaultBodyLimit::max(HEARTBEAT_BODY_LIMIT)))
         .route("/agent/v1/assignments", get(assignments))
         .route("/agent/v1/workers/{id}/status", post(report_status))
         .route("/agent/v1/workers/{id}/logs", post(upload_logs))
+}
+
+/// The route that needs no credential: a join, limited per client address by the caller.
+pub fn open_router() -> Router<AppState> {
+    Router::new().route("/agent/v1/join", post(join))
 }
 
 /// The machine a credential names, checked to be the one in force.

@@ -2,6 +2,7 @@
 //! organisation's metrics and revoke its admins' tokens.
 
 use astraeus::domain::role::Role;
+use futures::StreamExt;
 use reqwest::Method;
 
 use crate::helpers::*;
@@ -156,4 +157,51 @@ async fn a_run_past_its_byte_budget_is_refused_naming_the_field(db: sqlx::PgPool
     assert_eq!(reply.status, 422, "{}", reply.text);
     assert_eq!(reply.fields()[0].0, "spec.replicas", "{}", reply.text);
     assert_eq!(app.get("/runs").await.json()["items"], json!([]), "nothing half-written");
+}
+
+#[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
+async fn a_flood_of_joins_and_probes_from_one_address_is_limited_and_users_are_still_served(
+    db: sqlx::PgPool,
+) {
+    // One a second, bursts of two: the third request at once waits.
+    let app = spawn_app_with(db, |s| s.with_address_rate_limit(1)).await;
+    let probe = || app.client.get(format!("{}/readyz", app.address)).send();
+    assert_eq!(probe().await.unwrap().status(), 200);
+    assert_eq!(probe().await.unwrap().status(), 200);
+    let limited = probe().await.unwrap();
+    assert_eq!(limited.status(), 429);
+    assert!(limited.headers().get("retry-after").is_some());
+    let body: serde_json::Value = limited.json().await.unwrap();
+    assert!(body["error"]["message"].as_str().unwrap().contains("from this address"), "{body}");
+    let join = app
+        .client
+        .post(format!("{}/agent/v1/join", app.address))
+        .json(&json!({"join_token": "guess", "name": "gpu-01", "capacity": {"cpu_cores": 1, "memory_bytes": 1, "gpus": 0}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(join.status(), 429, "a guessed join token is not even looked up");
+    assert_eq!(app.client.get(format!("{}/healthz", app.address)).send().await.unwrap().status(), 429);
+    // The user API is limited per token, not by this address's flood.
+    assert_eq!(app.get("/runs").await.status, 200);
+}
+
+#[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
+async fn a_heartbeat_body_past_its_cap_is_refused_before_it_is_read_whole(db: sqlx::PgPool) {
+    let app = spawn_app(db).await;
+    let credential = join_machine(&app, "gpu-01", 1).await;
+    // 33 chunks of 1 MiB, then a body that never ends: only a refusal made before the end
+    // can answer.
+    let chunks = futures::stream::iter((0..33).map(|_| Ok::<_, std::io::Error>(vec![b' '; 1 << 20])))
+        .chain(futures::stream::pending());
+    let resp = app
+        .client
+        .post(format!("{}/agent/v1/heartbeat", app.address))
+        .bearer_auth(&credential)
+        .header("content-type", "application/json")
+        .body(reqwest::Body::wrap_stream(chunks))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 413);
 }

@@ -202,7 +202,7 @@ pub struct LogUpload {
     pub lines: Vec<LogLineIn>,
 }
 
-#[derive(Debug, Deserialize, Serialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct LogLineIn {
     /// `stdout` or `stderr`.

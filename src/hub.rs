@@ -11,6 +11,7 @@ use std::time::Duration;
 use sqlx::PgPool;
 use sqlx::postgres::PgListener;
 use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 pub const MACHINE: &str = "astraeus_machine";
@@ -23,6 +24,28 @@ pub const REVOKED: &str = "astraeus_revoked";
 pub const REPORT: &str = "astraeus_report";
 /// A drive row was deleted or updated (by trigger): the drives kept for assignments are read again.
 pub const DRIVE_CHANGED: &str = "astraeus_drive_changed";
+
+/// The tokens whose streams are open, each with what ends them when it is revoked.
+#[derive(Default)]
+struct Ends {
+    map: HashMap<Uuid, Weak<CancellationToken>>,
+    sweep_at: usize,
+}
+
+impl Ends {
+    fn subscribe(&mut self, id: Uuid) -> Arc<CancellationToken> {
+        if let Some(end) = self.map.get(&id).and_then(Weak::upgrade) {
+            return end;
+        }
+        if self.map.len() >= self.sweep_at.max(SWEEP_FLOOR) {
+            self.map.retain(|_, w| w.strong_count() > 0);
+            self.sweep_at = 2 * self.map.len();
+        }
+        let end = Arc::new(CancellationToken::new());
+        self.map.insert(id, Arc::downgrade(&end));
+        end
+    }
+}
 
 /// Below this many notifiers, the ones nobody holds any more are left in place.
 const SWEEP_FLOOR: usize = 1024;
@@ -59,6 +82,7 @@ impl Waiters {
 #[derive(Default)]
 pub struct Hub {
     waiters: Mutex<Waiters>,
+    ends: Mutex<Ends>,
     /// Pending work may now fit somewhere: a new run, freed resources, a machine back.
     pub schedule: Notify,
     /// A watched object changed (the payload names its kind; watchers re-read their own).
@@ -81,6 +105,22 @@ impl Hub {
     /// The notifier for one object; hold it while waiting.
     pub fn subscribe(&self, channel: &'static str, id: Uuid) -> Arc<Notify> {
         self.waiters.lock().expect("not poisoned").subscribe(channel, id)
+    }
+
+    /// Cancelled when the token `id` is revoked (heard on this replica); hold it while streaming.
+    pub fn ends_on_revocation(&self, id: Uuid) -> Arc<CancellationToken> {
+        self.ends.lock().expect("not poisoned").subscribe(id)
+    }
+
+    /// The credentials of `id` (a token or a machine) were revoked or replaced: forgotten
+    /// here, and the token's open streams end.
+    pub fn revoke(&self, id: Uuid) {
+        self.credentials.forget(id);
+        self.beats.forget(id);
+        let mut ends = self.ends.lock().expect("not poisoned");
+        if let Some(end) = ends.map.remove(&id).and_then(|w| w.upgrade()) {
+            end.cancel();
+        }
     }
 
     pub fn wake(&self, channel: &str, payload: &str) {
@@ -108,8 +148,7 @@ impl Hub {
         }
         let Ok(id) = payload.parse::<Uuid>() else { return };
         if channel == REVOKED {
-            self.credentials.forget(id);
-            self.beats.forget(id);
+            self.revoke(id);
             return;
         }
         if channel == REPORT {
@@ -262,6 +301,20 @@ mod tests {
         for (id, n) in &held {
             assert!(Arc::ptr_eq(n, &w.subscribe(MACHINE, *id)));
         }
+    }
+
+    #[test]
+    fn a_revocation_ends_the_streams_of_its_token_only() {
+        let hub = Hub::default();
+        let (revoked, kept) = (Uuid::now_v7(), Uuid::now_v7());
+        let (one, two, other) =
+            (hub.ends_on_revocation(revoked), hub.ends_on_revocation(revoked), hub.ends_on_revocation(kept));
+        hub.wake(REVOKED, &revoked.to_string());
+        assert!(one.is_cancelled() && two.is_cancelled());
+        assert!(!other.is_cancelled());
+        // A stream opened after the revocation was heard starts with an end of its own; the
+        // request that opened it was checked against Postgres already.
+        assert!(!hub.ends_on_revocation(revoked).is_cancelled());
     }
 
     #[tokio::test]

@@ -13,7 +13,6 @@ use tokio_util::sync::CancellationToken;
 use crate::api::AppState;
 use crate::api::caller::Caller;
 use crate::api::error::ApiError;
-use crate::domain::role::Role;
 
 /// The recorder, installed on first use (tests start many servers in one process).
 pub fn handle() -> &'static PrometheusHandle {
@@ -59,9 +58,10 @@ const STATES: [(&str, &[&str]); 4] = [
     ("copies", &["Filling", "Complete", "Failed", "Evicting"]),
 ];
 
-/// `GET /metrics` on the API: an admin token is needed.
+/// `GET /metrics` on the API: an organisation-admin token is needed, since the figures are
+/// the whole organisation's, not one workspace's.
 pub async fn scrape_as_admin(State(app): State<AppState>, caller: Caller) -> Result<Response, ApiError> {
-    caller.require(Role::Admin, "read metrics")?;
+    caller.require_org_admin("read metrics")?;
     scrape(State(app)).await
 }
 

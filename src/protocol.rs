@@ -109,6 +109,10 @@ pub struct Assignments {
     /// A worker can be assigned before the next heartbeat tells the agent of a new confirmation.
     #[serde(default)]
     pub data_location: Option<String>,
+    /// Set when the workers did not fit in one answer: ask again with `after` set to this
+    /// for the next part, and act on the whole list once the last part has come.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next: Option<Uuid>,
 }
 
 /// A worker the agent should be running, with everything it needs to run it.
@@ -207,7 +211,7 @@ pub struct LogUpload {
     pub lines: Vec<LogLineIn>,
 }
 
-#[derive(Debug, Deserialize, Serialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct LogLineIn {
     /// `stdout` or `stderr`.

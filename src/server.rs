@@ -25,7 +25,9 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         TcpListener::bind(args.listen).await.with_context(|| format!("cannot listen on {}", args.listen))?;
     let app = AppState::new(db, Arc::new(keys))
         .with_rate_limit(args.rate_limit_per_token)
-        .with_max_in_flight(args.max_requests_in_flight);
+        .with_max_in_flight(args.max_requests_in_flight)
+        .with_stream_caps(args.max_watches_per_token, args.max_watches)
+        .with_address_rate_limit(args.rate_limit_per_address);
     let stop = CancellationToken::new();
     let loops = start_loops(&app, &args.controllers, &stop);
     tokio::spawn({
@@ -77,7 +79,8 @@ pub fn start_loops(app: &AppState, c: &ControllerArgs, stop: &CancellationToken)
     });
     let refill_after = Duration::from_secs(c.refill_after_seconds);
     set.spawn(scheduler::run(app.db.clone(), app.hub.clone(), refill_after, stop.clone()));
-    set.spawn(janitor::run(app.db.clone(), app.limiter.clone(), stop.clone()));
+    let limiters = (app.limiter.clone(), app.address_limiter.clone());
+    set.spawn(janitor::run(app.db.clone(), limiters, stop.clone()));
     let grace = Duration::from_secs(c.heartbeat_grace_seconds);
     set.spawn(liveness::run(app.db.clone(), grace, stop.clone()));
     set.spawn(drain::run(app.db.clone(), stop.clone()));
@@ -92,10 +95,10 @@ pub async fn listen(listener: TcpListener, app: AppState, stop: CancellationToke
     tracing::info!(address = %listener.local_addr()?, "listening");
     // A `Router` served as it is rebuilds its route tables for every connection (axum calls
     // `with_state(())` on it): about 12 KB and the CPU to fill them, times thousands of agents.
-    // Its make-service only clones the `Arc` inside.
-    axum::serve(listener, api::router(app).into_make_service())
-        .with_graceful_shutdown(async move { stop.cancelled().await })
-        .await?;
+    // Its make-service only clones the `Arc` inside. Each connection's peer address is kept
+    // for the limits per client address.
+    let service = api::router(app).into_make_service_with_connect_info::<std::net::SocketAddr>();
+    axum::serve(listener, service).with_graceful_shutdown(async move { stop.cancelled().await }).await?;
     Ok(())
 }
 

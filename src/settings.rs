@@ -72,10 +72,20 @@ pub struct ServeArgs {
     /// Requests a second one token may make (bursts of twice that); 0 turns the limit off.
     #[arg(long, env = "ASTRAEUS_RATE_LIMIT_PER_TOKEN", default_value_t = crate::api::DEFAULT_RATE_LIMIT)]
     pub rate_limit_per_token: u32,
+    /// Requests a second one client address may make to the routes that need no token (join,
+    /// /healthz, /readyz), bursts of twice that; 0 turns the limit off.
+    #[arg(long, env = "ASTRAEUS_RATE_LIMIT_PER_ADDRESS", default_value_t = crate::api::limit::DEFAULT_PER_ADDRESS)]
+    pub rate_limit_per_address: u32,
     /// User-API requests in progress at most; past it, 503 at once. 0 turns the cap off.
     #[arg(long, env = "ASTRAEUS_MAX_REQUESTS_IN_FLIGHT", default_value_t = crate::api::overload::DEFAULT_MAX_IN_FLIGHT)]
     pub max_requests_in_flight: usize,
-    /// Also serve `/metrics` here without a token, for Prometheus (on the API it needs an admin token).
+    /// Streams (`watch=true`) one token may hold open on this server; 0 turns the cap off.
+    #[arg(long, env = "ASTRAEUS_MAX_WATCHES_PER_TOKEN", default_value_t = crate::api::streams::DEFAULT_PER_TOKEN)]
+    pub max_watches_per_token: usize,
+    /// Streams (`watch=true`) this server holds open in all; 0 turns the cap off.
+    #[arg(long, env = "ASTRAEUS_MAX_WATCHES", default_value_t = crate::api::streams::DEFAULT_PER_REPLICA)]
+    pub max_watches: usize,
+    /// Also serve `/metrics` here without a token, for Prometheus (on the API it needs an organisation-admin token).
     #[arg(long, env = "ASTRAEUS_METRICS_LISTEN")]
     pub metrics_listen: Option<SocketAddr>,
     #[command(flatten)]

@@ -59,7 +59,9 @@ impl Client {
     }
 
     /// Answers at once when assignments are newer than `version`, otherwise within `wait`.
-    /// `None` when `held` (the agent has the answer for `version`) and nothing changed.
+    /// `None` when `held` (the agent has the answer for `version`) and nothing changed. An
+    /// answer the server sent in parts comes back whole, at the oldest version of its parts,
+    /// so that a change made between the parts is asked for again.
     pub async fn assignments(
         &self,
         version: i64,
@@ -79,7 +81,23 @@ impl Client {
         if resp.status() == reqwest::StatusCode::NOT_MODIFIED {
             return Ok(None);
         }
-        read(resp).await.map(Some)
+        let mut whole: Assignments = read(resp).await?;
+        while let Some(after) = whole.next.take() {
+            let resp = self
+                .http
+                .get(format!("{}/assignments", self.base))
+                .query(&[("after", after.to_string())])
+                .bearer_auth(&self.credential)
+                .timeout(Duration::from_secs(30))
+                .send()
+                .await
+                .context("cannot reach the server")?;
+            let part: Assignments = read(resp).await?;
+            whole.version = whole.version.min(part.version);
+            whole.workers.extend(part.workers);
+            whole.next = part.next;
+        }
+        Ok(Some(whole))
     }
 
     pub async fn report(&self, worker: Uuid, report: &StatusReport) -> anyhow::Result<Ack> {

@@ -23,6 +23,9 @@ use crate::protocol::{Assignment, EventReport, LogLineIn, MountSource, StatusRep
 
 /// Lines sent in one upload, and the longest a line waits to be sent.
 const BATCH: usize = 500;
+/// Bytes of JSON one upload carries at most: half the server's body limit, so that no upload is
+/// refused and its lines lost, whatever the lines hold.
+const BATCH_BYTES: usize = crate::api::BODY_LIMIT / 2;
 const FLUSH: Duration = Duration::from_millis(100);
 /// Pulls tried before the worker fails, the first retry after `PULL_BACKOFF`, doubling.
 const PULL_ATTEMPTS: u32 = 3;
@@ -507,16 +510,41 @@ async fn report_until_heard(client: &Client, a: &Assignment, report: &StatusRepo
     }
 }
 
+/// Lines gathered for one upload, bounded in lines and in bytes of JSON.
+#[derive(Default)]
+struct Batch {
+    lines: Vec<LogLineIn>,
+    bytes: usize,
+}
+
+impl Batch {
+    /// Adds a line; the lines gathered before it when it would not fit with them.
+    fn push(&mut self, line: LogLineIn) -> Option<Vec<LogLineIn>> {
+        // A line's JSON, with its separator: escapes may make it six times its text.
+        let size = serde_json::to_string(&line).map_or(usize::MAX, |j| j.len()) + 1;
+        let full = !self.lines.is_empty() && (self.bytes + size > BATCH_BYTES || self.lines.len() >= BATCH);
+        let sent = full.then(|| self.take());
+        self.bytes += size;
+        self.lines.push(line);
+        sent
+    }
+
+    fn take(&mut self) -> Vec<LogLineIn> {
+        self.bytes = 0;
+        std::mem::take(&mut self.lines)
+    }
+}
+
 async fn ship_logs(client: Client, worker: uuid::Uuid, mut rx: mpsc::Receiver<LogLine>) {
-    let mut batch = Vec::with_capacity(BATCH);
+    let mut batch = Batch::default();
     loop {
-        let line = if batch.is_empty() {
+        let line = if batch.lines.is_empty() {
             rx.recv().await
         } else {
             match tokio::time::timeout(FLUSH, rx.recv()).await {
                 Ok(line) => line,
                 Err(_) => {
-                    send(&client, worker, &mut batch).await;
+                    send(&client, worker, batch.take()).await;
                     continue;
                 }
             }
@@ -526,19 +554,18 @@ async fn ship_logs(client: Client, worker: uuid::Uuid, mut rx: mpsc::Receiver<Lo
             Stream::Stdout => "stdout",
             Stream::Stderr => "stderr",
         };
-        batch.push(LogLineIn { stream: stream.into(), line: line.line });
-        if batch.len() >= BATCH {
-            send(&client, worker, &mut batch).await;
+        if let Some(full) = batch.push(LogLineIn { stream: stream.into(), line: line.line }) {
+            send(&client, worker, full).await;
         }
     }
-    send(&client, worker, &mut batch).await;
+    send(&client, worker, batch.take()).await;
 }
 
-async fn send(client: &Client, worker: uuid::Uuid, batch: &mut Vec<LogLineIn>) {
+async fn send(client: &Client, worker: uuid::Uuid, batch: Vec<LogLineIn>) {
     if batch.is_empty() {
         return;
     }
-    if let Err(e) = client.logs(worker, std::mem::take(batch)).await {
+    if let Err(e) = client.logs(worker, batch).await {
         tracing::warn!(%worker, error = %e, "cannot upload logs; lines dropped");
     }
 }
@@ -567,6 +594,30 @@ mod tests {
             let err = beneath_grant(path, grant).unwrap_err();
             assert!(err.contains(why), "{path}: {err}");
         }
+    }
+
+    #[test]
+    fn log_uploads_stay_under_the_body_limit_whatever_the_lines_hold() {
+        // Lines of control characters, each escaped as \u00XX: 16 KiB of text is 96 KiB of JSON.
+        let nasty = "\u{1}".repeat(output::MAX_LINE);
+        let mut batch = Batch::default();
+        let mut uploads = Vec::new();
+        for _ in 0..100 {
+            let line = LogLineIn { stream: "stdout".into(), line: nasty.clone() };
+            uploads.extend(batch.push(line));
+        }
+        uploads.push(batch.take());
+        assert_eq!(uploads.iter().map(Vec::len).sum::<usize>(), 100, "no line lost");
+        for upload in &uploads {
+            let body = serde_json::to_vec(&crate::protocol::LogUpload { lines: upload.clone() }).unwrap();
+            assert!(body.len() <= crate::api::BODY_LIMIT, "an upload of {} bytes", body.len());
+        }
+        // Short lines still go 500 at a time.
+        let mut batch = Batch::default();
+        let sent: Vec<_> = (0..501)
+            .filter_map(|_| batch.push(LogLineIn { stream: "stdout".into(), line: "x".into() }))
+            .collect();
+        assert_eq!(sent.iter().map(Vec::len).collect::<Vec<_>>(), [BATCH]);
     }
 
     #[test]

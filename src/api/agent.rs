@@ -45,16 +45,24 @@ const MAX_COPIES: usize = 100_000;
 const MAX_IMAGES: usize = 1_000;
 /// Bytes kept of a reason or an event an agent reports: they are shown in lists and events.
 const MAX_REASON: usize = 4096;
+/// Bytes of workers one assignments answer carries at most (past it the agent asks for the
+/// rest with `after`); a single worker larger than this still goes alone.
+pub const ANSWER_BYTES: usize = 4 << 20;
 /// Room for a heartbeat of [`MAX_COPIES`] copies with long names.
 const HEARTBEAT_BODY_LIMIT: usize = 32 << 20;
 
+/// The routes a machine credential opens.
 pub fn router() -> Router<AppState> {
     Router::new()
-        .route("/agent/v1/join", post(join))
         .route("/agent/v1/heartbeat", post(heartbeat).layer(DefaultBodyLimit::max(HEARTBEAT_BODY_LIMIT)))
         .route("/agent/v1/assignments", get(assignments))
         .route("/agent/v1/workers/{id}/status", post(report_status))
         .route("/agent/v1/workers/{id}/logs", post(upload_logs))
+}
+
+/// The route that needs no credential: a join, limited per client address by the caller.
+pub fn open_router() -> Router<AppState> {
+    Router::new().route("/agent/v1/join", post(join))
 }
 
 /// The machine a credential names, checked to be the one in force.
@@ -265,6 +273,9 @@ pub struct AssignmentsQuery {
     /// Otherwise wait up to this long for a change.
     #[serde(default)]
     pub wait_seconds: u64,
+    /// The next part of an answer too large for one: the workers after this one, at once.
+    #[serde(default)]
+    pub after: Option<Uuid>,
 }
 
 async fn assignments(
@@ -273,6 +284,10 @@ async fn assignments(
     seen: IfNoneMatch,
     Params(q): Params<AssignmentsQuery>,
 ) -> Result<Response, ApiError> {
+    if q.after.is_some() {
+        let (version, db) = Box::pin(read_version(&app.db, caller.id)).await?;
+        return Box::pin(answer(&app, caller.id, None, version, db, q.after)).await;
+    }
     let wait = Duration::from_secs(q.wait_seconds).min(MAX_WAIT);
     let notify = app.hub.subscribe(hub::MACHINE, caller.id);
     let changed = notify.notified();
@@ -298,7 +313,7 @@ async fn assignments(
             _ => Box::pin(read_version(&app.db, caller.id)).await?,
         };
     }
-    Box::pin(answer(&app, caller.id, &seen, version, db)).await
+    Box::pin(answer(&app, caller.id, Some(&seen), version, db, None)).await
 }
 
 /// The machine's assignment version, with the connection that read it: one connection for
@@ -313,27 +328,29 @@ async fn read_version(
     Ok((version, Some(conn)))
 }
 
-/// The machine's workers as of `version` or later, or `304 Not Modified` when the agent holds
-/// them; `db` is the connection that read the version, if one did.
+/// The machine's workers as of `version` or later (those after `after`, as many as
+/// [`ANSWER_BYTES`] holds), or `304 Not Modified` when the agent holds them (`seen`); `db` is
+/// the connection that read the version, if one did.
 async fn answer(
     app: &AppState,
     machine: Uuid,
-    seen: &IfNoneMatch,
+    seen: Option<&IfNoneMatch>,
     version: i64,
     db: Option<PoolConnection<Postgres>>,
+    after: Option<Uuid>,
 ) -> Result<Response, ApiError> {
     // The version moves with every change an agent acts on (that is what ends a long-poll early),
     // so an agent holding this version's answer has nothing to read again.
     let tag = protocol::assignments_tag(version);
     let etag = [(header::ETAG, tag.clone())];
-    if seen.holds(&tag) {
+    if seen.is_some_and(|s| s.holds(&tag)) {
         return Ok((StatusCode::NOT_MODIFIED, etag).into_response());
     }
     let mut db = match db {
         Some(db) => db,
         None => app.db.acquire().await?,
     };
-    let mut rows = store::workers::assigned_to(&mut *db, machine).await?;
+    let mut rows = store::workers::assigned_to(&mut *db, machine, after).await?;
     let runs = rows.iter().map(|r| r.run_id);
     let specs = app.run_specs.get_or_read(runs, |missing| store::runs::specs(&mut *db, missing)).await?;
     // A run deleted since its workers were read has none left to run.
@@ -342,11 +359,35 @@ async fn answer(
     // Read after the workers: a worker placed there was placed after its location was confirmed.
     let data_location = store::machines::get(&mut *db, machine).await?.and_then(|m| m.data_path);
     drop(db);
-    let workers = rows
-        .into_iter()
-        .map(|row| assignment(app, &refs, &specs[&row.run_id], row))
-        .collect::<Result<_, _>>()?;
-    Ok((etag, Json(Assignments { version, workers, data_location })).into_response())
+    let (mut workers, mut bytes, mut next) = (Vec::new(), 0, None);
+    for row in rows {
+        let a = assignment(app, &refs, &specs[&row.run_id], row)?;
+        let size = json_size(&a);
+        if let Some(last) = workers.last().filter(|_| bytes + size > ANSWER_BYTES) {
+            let last: &Assignment = last;
+            next = Some(last.uid);
+            break;
+        }
+        bytes += size;
+        workers.push(a);
+    }
+    Ok((etag, Json(Assignments { version, workers, data_location, next })).into_response())
+}
+
+/// The bytes `value` takes as JSON, counted without keeping them.
+fn json_size(value: &impl serde::Serialize) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    serde_json::to_writer(&mut count, value).map_or(usize::MAX, |()| count.0)
 }
 
 /// The drives and sealed secrets the assigned workers name, each read once for the whole answer;

@@ -32,6 +32,12 @@ pub enum ApiError {
     Invalid(Vec<FieldError>),
     #[error("too many requests from this token: retry in {} ms", .0.as_millis())]
     TooManyRequests(std::time::Duration),
+    /// Too many streams held open (by this token, or on this replica).
+    #[error("{0}")]
+    TooManyStreams(String),
+    /// Too many unauthenticated requests from one client address.
+    #[error("too many requests from this address: retry in {} ms", .0.as_millis())]
+    TooManyFromAddress(std::time::Duration),
     #[error("the database is unavailable")]
     Unavailable(#[source] sqlx::Error),
     #[error("the server is at its limit of {0} requests in progress: retry in 1 s")]
@@ -88,7 +94,9 @@ impl ApiError {
                 (StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type")
             }
             ApiError::Invalid(_) => (StatusCode::UNPROCESSABLE_ENTITY, "invalid"),
-            ApiError::TooManyRequests(_) => (StatusCode::TOO_MANY_REQUESTS, "too_many_requests"),
+            ApiError::TooManyRequests(_) | ApiError::TooManyStreams(_) | ApiError::TooManyFromAddress(_) => {
+                (StatusCode::TOO_MANY_REQUESTS, "too_many_requests")
+            }
             ApiError::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
             ApiError::Overloaded(_) => (StatusCode::SERVICE_UNAVAILABLE, "overloaded"),
             ApiError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
@@ -140,7 +148,11 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let (status, code) = self.parts();
         let retry_after = match &self {
-            ApiError::TooManyRequests(wait) => Some(wait.as_secs().max(1).to_string()),
+            ApiError::TooManyRequests(wait) | ApiError::TooManyFromAddress(wait) => {
+                Some(wait.as_secs().max(1).to_string())
+            }
+            // A stream's place frees when another stream ends, which nothing here can foretell.
+            ApiError::TooManyStreams(_) => Some("5".to_owned()),
             ApiError::Overloaded(_) => Some("1".to_owned()),
             _ => None,
         };

@@ -5,6 +5,7 @@ use utoipa::{IntoParams, ToSchema};
 use uuid::Uuid;
 
 use super::error::ApiError;
+use crate::domain::FieldError;
 use crate::store::Page;
 
 pub const DEFAULT_LIMIT: i64 = 100;
@@ -65,7 +66,10 @@ fn fetch_limit(limit: Option<i64>) -> Result<i64, ApiError> {
     if !(1..=MAX_LIMIT).contains(&limit) {
         return Err(ApiError::BadRequest {
             message: format!("limit must be between 1 and {MAX_LIMIT}"),
-            fields: vec![],
+            fields: vec![FieldError {
+                path: "limit".into(),
+                message: format!("must be between 1 and {MAX_LIMIT}"),
+            }],
         });
     }
     Ok(limit + 1)

@@ -18,6 +18,7 @@ pub mod org;
 pub mod overload;
 pub mod runs;
 pub mod secrets;
+pub mod streams;
 pub mod tokens;
 pub mod watch;
 pub mod workers;
@@ -56,8 +57,12 @@ pub struct AppState {
     /// the run is made and run ids are never reused, so nothing forgets them but the bound.
     pub run_specs: Arc<crate::kept::Kept<uuid::Uuid, crate::domain::run::RunSpec>>,
     pub limiter: limit::Limiter,
+    /// The limit per client address on the routes that need no token.
+    pub address_limiter: limit::Limiter<std::net::IpAddr>,
     /// User-API requests in progress at most ([`overload`]); 0 for no cap.
     pub max_in_flight: usize,
+    /// Streams held open, capped per token and per replica.
+    pub streams: streams::Streams,
 }
 
 /// Requests a second one token may make, by default.
@@ -73,13 +78,27 @@ impl AppState {
             hub: Arc::new(Hub::default()),
             run_specs: Arc::default(),
             limiter: limit::Limiter::per_token(DEFAULT_RATE_LIMIT),
+            address_limiter: limit::Limiter::per_address(limit::DEFAULT_PER_ADDRESS),
             max_in_flight: overload::DEFAULT_MAX_IN_FLIGHT,
+            streams: streams::Streams::new(streams::DEFAULT_PER_TOKEN, streams::DEFAULT_PER_REPLICA),
         }
+    }
+
+    /// Other caps on streams held open, per token and per replica; 0 turns either off.
+    pub fn with_stream_caps(mut self, per_token: usize, per_replica: usize) -> AppState {
+        self.streams = streams::Streams::new(per_token, per_replica);
+        self
     }
 
     /// Another per-token rate limit; 0 turns it off.
     pub fn with_rate_limit(mut self, per_second: u32) -> AppState {
         self.limiter = limit::Limiter::per_token(per_second);
+        self
+    }
+
+    /// Another limit per client address on the routes that need no token; 0 turns it off.
+    pub fn with_address_rate_limit(mut self, per_second: u32) -> AppState {
+        self.address_limiter = limit::Limiter::per_address(per_second);
         self
     }
 
@@ -170,7 +189,7 @@ fn document_shared_answers(spec: &mut utoipa::openapi::OpenApi) {
         ),
         (
             "TooManyRequests",
-            error("This token made too many requests")
+            error("This token made too many requests, or holds too many streams open (`watch=true`), or the server holds its limit of streams")
                 .header("Retry-After", text("Seconds to wait before the next request"))
                 .build(),
         ),
@@ -222,13 +241,17 @@ pub fn router(state: AppState) -> Router {
     // Counters recorded before the recorder exists would be lost.
     crate::observe::handle();
     let (api, spec) = api();
+    let open = Router::new()
+        .merge(agent::open_router())
+        .route("/healthz", get(health::healthz))
+        .route("/readyz", get(health::readyz))
+        .layer(axum::middleware::from_fn_with_state(state.address_limiter.clone(), limit::by_address));
     Router::new()
         .merge(overload::cap(api, state.max_in_flight))
         .merge(agent::router())
+        .merge(open)
         .merge(SwaggerUi::new("/docs").url("/openapi.json", spec))
         .route("/metrics", get(crate::observe::scrape_as_admin))
-        .route("/healthz", get(health::healthz))
-        .route("/readyz", get(health::readyz))
         // The web console at `/` (and its page routes); unknown /api paths stay a JSON 404.
         .fallback(console::fallback)
         .method_not_allowed_fallback(method_not_allowed)

@@ -123,7 +123,7 @@ pub async fn list(State(app): State<AppState>, caller: Caller) -> Result<Json<Li
 #[utoipa::path(delete, path = "/tokens/{id}", tag = "tokens", params(("id" = String, Path)),
     responses(
         (status = 200, body = Token),
-        (status = 403, description = "Not an admin token", body = ErrorBody),
+        (status = 403, description = "Not an admin token, or an organisation admin's token revoked without one", body = ErrorBody),
         (status = 404, body = ErrorBody),
     ),
     security(("bearer" = [])))]
@@ -135,11 +135,17 @@ pub async fn revoke(
     caller.require(Role::Admin, "manage tokens")?;
     let Ok(uid) = Uuid::parse_str(&id) else { return Err(ApiError::not_found("token", &id)) };
     let mut tx = app.db.begin().await?;
+    let org_admin = store::tokens::lock_org_admin(&mut *tx, caller.workspace_id, uid).await?;
+    if org_admin.ok_or_else(|| ApiError::not_found("token", &id))? {
+        // A workspace admin would otherwise lock the organisation's admins out.
+        caller.require_org_admin("revoke an organisation admin's token")?;
+    }
     let found = store::tokens::revoke(&mut *tx, caller.workspace_id, uid).await?;
     let found = found.ok_or_else(|| ApiError::not_found("token", &id))?;
     hub::revoked(&mut *tx, uid).await?;
     tx.commit().await?;
-    // Refused from the very next request here; other replicas hear of it on commit.
-    app.hub.credentials.forget(uid);
+    // Refused from the very next request here, its streams ended; other replicas hear of it
+    // on commit.
+    app.hub.revoke(uid);
     Ok(Json(found.into()))
 }

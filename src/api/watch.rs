@@ -1,9 +1,11 @@
 //! `?watch=true`: a list endpoint's changes, streamed as newline-delimited JSON
 //! (`{"type":"ADDED|MODIFIED|DELETED|BOOKMARK","object":…}`), or as server-sent events when the
 //! client asks for `text/event-stream`. Versions come from one Postgres sequence and wake-ups
-//! from LISTEN/NOTIFY, so a watch sees changes made by any replica.
+//! from LISTEN/NOTIFY, so a watch sees changes made by any replica. Streams are capped per
+//! token and per replica ([`super::streams`]), and a revoked token's streams end.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
@@ -14,12 +16,17 @@ use serde_json::{Value, json};
 use super::AppState;
 use super::caller::Caller;
 use super::error::ApiError;
+use super::streams::Slot;
 use super::{drives, machines, runs, secrets};
 use crate::store;
+use tokio_util::sync::CancellationToken;
 
 /// A bookmark is sent when nothing changed for this long, so clients know the stream is alive.
 const BOOKMARK_EVERY: Duration = Duration::from_secs(30);
 const CHUNK: i64 = 500;
+/// Objects of the first listing rendered at a time, so the first ones go out before the last
+/// are read.
+const REPLAY_PAGE: usize = 100;
 /// The objects a watch without a version starts with: at most this many.
 pub const ALL: store::Page = store::Page { limit: 10_000, before: None };
 
@@ -71,6 +78,12 @@ struct Watch {
     after: i64,
     sse: bool,
     queue: VecDeque<Bytes>,
+    /// Objects of the first listing not rendered yet, sent as ADDED at `after`.
+    replay: VecDeque<String>,
+    /// Cancelled when the caller's token is revoked.
+    revoked: Arc<CancellationToken>,
+    /// The stream's place under the caps, given back when the stream is dropped.
+    _slot: Slot,
 }
 
 impl Watch {
@@ -83,6 +96,34 @@ impl Watch {
     fn bookmark(&mut self) {
         let version = self.after;
         self.push("BOOKMARK", json!({"metadata": {"resource_version": version.to_string()}}));
+    }
+
+    /// Renders the next page of the first listing.
+    async fn replay_page(&mut self) -> Result<(), ApiError> {
+        for _ in 0..REPLAY_PAGE {
+            let Some(name) = self.replay.pop_front() else { break };
+            if let Some(object) = render(&self.app, &self.caller, self.kind, &name).await? {
+                self.push("ADDED", with_version(object, self.after));
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether the caller's token is still in force: the safety net for a revocation whose
+    /// notification this replica missed.
+    async fn still_allowed(&self) -> Result<bool, ApiError> {
+        let id = self.caller.token_id;
+        if self.revoked.is_cancelled() {
+            return Ok(false);
+        }
+        if self.app.hub.credentials.is_fresh(id, id) {
+            return Ok(true);
+        }
+        let active = store::tokens::is_active(&self.app.db, id).await?;
+        if active {
+            self.app.hub.credentials.remember(id, id);
+        }
+        Ok(active)
     }
 
     /// Queues the changes after `self.after`; false when there were none.
@@ -104,9 +145,19 @@ impl Watch {
 }
 
 async fn next(mut w: Watch) -> Option<(Result<Bytes, std::io::Error>, Watch)> {
+    let failed = |e: ApiError| std::io::Error::other(e.to_string());
     loop {
+        if w.revoked.is_cancelled() {
+            return None;
+        }
         if let Some(chunk) = w.queue.pop_front() {
             return Some((Ok(chunk), w));
+        }
+        if !w.replay.is_empty() {
+            if let Err(e) = w.replay_page().await {
+                return Some((Err(failed(e)), w));
+            }
+            continue;
         }
         let hub = w.app.hub.clone();
         let changed = hub.changes.notified();
@@ -115,10 +166,17 @@ async fn next(mut w: Watch) -> Option<(Result<Bytes, std::io::Error>, Watch)> {
         match w.read().await {
             Ok(true) => continue,
             Ok(false) => {}
-            Err(e) => return Some((Err(std::io::Error::other(e.to_string())), w)),
+            Err(e) => return Some((Err(failed(e)), w)),
         }
-        if tokio::time::timeout(BOOKMARK_EVERY, changed).await.is_err() {
-            w.bookmark();
+        let revoked = w.revoked.clone();
+        tokio::select! {
+            _ = changed => {}
+            _ = revoked.cancelled() => return None,
+            _ = tokio::time::sleep(BOOKMARK_EVERY) => match w.still_allowed().await {
+                Ok(true) => w.bookmark(),
+                Ok(false) => return None,
+                Err(e) => return Some((Err(failed(e)), w)),
+            },
         }
     }
 }
@@ -133,6 +191,8 @@ pub async fn stream(
     initial: Vec<String>,
     headers: &HeaderMap,
 ) -> Result<Response, ApiError> {
+    let slot = app.streams.open(caller.token_id)?;
+    let revoked = app.hub.ends_on_revocation(caller.token_id);
     let sse = headers
         .get(header::ACCEPT)
         .and_then(|v| v.to_str().ok())
@@ -147,12 +207,17 @@ pub async fn stream(
         Some(v) => (v, vec![]),
         None => (store::changes::latest(&app.db).await?, initial),
     };
-    let mut watch = Watch { app, caller, kind, after, sse, queue: VecDeque::new() };
-    for name in replay {
-        if let Some(object) = render(&watch.app, &watch.caller, kind, &name).await? {
-            watch.push("ADDED", with_version(object, after));
-        }
-    }
+    let watch = Watch {
+        app,
+        caller,
+        kind,
+        after,
+        sse,
+        queue: VecDeque::new(),
+        replay: replay.into(),
+        revoked,
+        _slot: slot,
+    };
     let content_type = if sse { "text/event-stream" } else { "application/x-ndjson" };
     let body = Body::from_stream(futures::stream::unfold(watch, next));
     Ok(([(header::CONTENT_TYPE, content_type), (header::CACHE_CONTROL, "no-cache")], body).into_response())

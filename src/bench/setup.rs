@@ -113,7 +113,8 @@ impl Server {
     ) -> anyhow::Result<Server> {
         let log = state.join("server.log");
         let _ = std::fs::remove_file(&log); // this run's log only
-        let args = ["--heartbeat-grace-seconds", "3600"].map(String::from);
+        // The simulated fleet joins from this one address.
+        let args = ["--heartbeat-grace-seconds", "3600", "--rate-limit-per-address", "0"].map(String::from);
         Server::start_on(exe, free_port()?, url, key, &log, &args, http).await
     }
 

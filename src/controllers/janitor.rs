@@ -1,6 +1,8 @@
 //! Housekeeping: old events expire, the change log behind watches is compacted, the counts of
-//! workers, copies and runs by state are folded, and idle tokens leave the rate limiter.
+//! workers, copies and runs by state are folded, and idle tokens and
+//! addresses leave the rate limiters.
 
+use std::net::IpAddr;
 use std::time::Duration;
 
 use sqlx::PgPool;
@@ -15,9 +17,10 @@ const EVENT_AGE: Duration = Duration::from_secs(3600);
 const CHANGE_AGE: Duration = Duration::from_secs(900);
 const EVERY: Duration = Duration::from_secs(60);
 
-pub async fn run(db: PgPool, limiter: Limiter, stop: CancellationToken) {
+pub async fn run(db: PgPool, limiters: (Limiter, Limiter<IpAddr>), stop: CancellationToken) {
     loop {
-        limiter.forget_idle();
+        limiters.0.forget_idle();
+        limiters.1.forget_idle();
         if let Err(e) = tick(&db).await {
             tracing::warn!(error = %e, "housekeeping failed");
         }

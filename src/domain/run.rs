@@ -8,6 +8,9 @@ use super::task::TaskTemplate;
 use super::{Name, Problems};
 
 const MAX_REPLICAS: u32 = 1000;
+/// Bytes of task a run may hand out across its workers: what one workspace's run may make
+/// the server and the machines hold, whatever its replicas.
+pub const MAX_RUN_BYTES: usize = 16 << 20;
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -31,6 +34,17 @@ impl RunSpec {
             p.add("spec.replicas", format!("must be between 1 and {MAX_REPLICAS}"));
         }
         self.task_template.check("spec.task_template", p);
+        let total = self.task_template.size().saturating_mul(self.replicas as usize);
+        if total > MAX_RUN_BYTES {
+            p.add(
+                "spec.replicas",
+                format!(
+                    "{} workers of {} bytes each take {total} bytes, more than the {MAX_RUN_BYTES} a run may",
+                    self.replicas,
+                    self.task_template.size()
+                ),
+            );
+        }
     }
 }
 
@@ -111,6 +125,31 @@ mod tests {
         for (states, state, reason) in cases {
             assert_eq!(summarize(states, None), (state, reason.to_string()), "{states:?}");
         }
+    }
+
+    #[test]
+    fn a_runs_workers_together_carry_at_most_its_byte_budget() {
+        let spec = |replicas: u32| -> RunSpec {
+            serde_json::from_value(serde_json::json!({
+                "replicas": replicas,
+                "task_template": {
+                    "image": "busybox:1.36", "command": "sh", "args": ["x".repeat(20 * 1024)],
+                    "requested_resources": {"cpu_cores": 1, "memory_bytes": 268435456}
+                }
+            }))
+            .unwrap()
+        };
+        let problems = |s: RunSpec| {
+            let mut p = Problems::default();
+            s.check(&mut p);
+            p.finish().err().unwrap_or_default()
+        };
+        // 1000 × (20,480 + 14) bytes = 20.5 MB > 16 MiB (16,777,216); 100 × is 2 MB.
+        let found = problems(spec(1000));
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert_eq!(found[0].path, "spec.replicas");
+        assert!(found[0].message.contains("more than the 16777216 a run may"), "{}", found[0].message);
+        assert!(problems(spec(100)).is_empty());
     }
 
     #[test]

@@ -15,6 +15,9 @@ const MAX_ARG: usize = 128 * 1024;
 const MAX_ARGS: usize = 1024;
 const MAX_ENV: usize = 1024;
 const MAX_REFS: usize = 64;
+/// Bytes of what a worker carries to its machine (command, args, env, mounts): every
+/// assignment of the run repeats them, and a machine's agent holds them all.
+pub const MAX_TASK_BYTES: usize = 256 * 1024;
 const MAX_MEMORY: u64 = 1 << 50;
 /// Thirty days.
 const MAX_TIME_LIMIT: u64 = 30 * 24 * 3600;
@@ -186,12 +189,52 @@ impl TaskTemplate {
                 );
             }
         }
+        if self.secret_refs.len() > MAX_REFS {
+            p.add(format!("{at}.secret_refs"), format!("has more than {MAX_REFS} secrets"));
+        }
+        let sizes = self.sizes();
+        let total: usize = sizes.iter().map(|(_, n)| n).sum();
+        if total > MAX_TASK_BYTES {
+            // Named after the part that weighs most, since that is the one to trim.
+            let (field, most) = sizes.iter().max_by_key(|(_, n)| *n).expect("not empty");
+            p.add(
+                format!("{at}.{field}"),
+                format!(
+                    "the task's command, args, env and mounts take {total} bytes, more than {MAX_TASK_BYTES}; \
+                     {field} takes {most}"
+                ),
+            );
+        }
         let mut secrets = HashSet::new();
         for (i, s) in self.secret_refs.iter().enumerate() {
             if !secrets.insert(&s.name) {
                 p.add(format!("{at}.secret_refs[{i}].name"), format!("{} is listed twice", s.name));
             }
         }
+    }
+}
+
+impl TaskTemplate {
+    /// The bytes each part of what a worker carries takes, by field.
+    fn sizes(&self) -> [(&'static str, usize); 5] {
+        let refs = self.datavolume_refs.iter().map(|r| {
+            r.name.as_str().len()
+                + r.mount_path.as_ref().map_or(0, |m| m.as_str().len())
+                + r.sub_path.as_str().len()
+        });
+        let secrets = self.secret_refs.iter().map(|s| s.name.as_str().len());
+        [
+            ("command", self.command.len() + self.image.len()),
+            ("args", self.args.iter().map(String::len).sum()),
+            ("env", self.env.iter().map(|(k, v)| k.len() + v.len()).sum()),
+            ("datavolume_refs", refs.sum()),
+            ("secret_refs", secrets.sum()),
+        ]
+    }
+
+    /// The bytes a worker of this task carries, as [`MAX_TASK_BYTES`] counts them.
+    pub fn size(&self) -> usize {
+        self.sizes().iter().map(|(_, n)| n).sum()
     }
 }
 
@@ -287,6 +330,31 @@ mod tests {
         assert_eq!(serde_json::to_value(&t).unwrap()["image_pull_secret"], "registry");
         json["image_pull_secret"] = serde_json::json!("Not A Name");
         assert!(serde_json::from_value::<TaskTemplate>(json).is_err());
+    }
+
+    #[test]
+    fn a_task_past_its_byte_budget_is_refused_naming_its_heaviest_field() {
+        let value = "v".repeat(100 * 1024);
+        // 3 × 100 KiB of env = 300 KiB > 256 KiB, each value within its own 128 KiB.
+        let mut json = base();
+        json["env"] = serde_json::json!({"A": value, "B": value, "C": value});
+        let found = problems(&template(json));
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert_eq!(found[0].0, "t.env");
+        assert!(found[0].1.contains("more than 262144"), "{}", found[0].1);
+        // 2 × 100 KiB of args and 100 KiB of env: args weigh most.
+        let mut json = base();
+        json["args"] = serde_json::json!([value, value]);
+        json["env"] = serde_json::json!({"A": value});
+        assert_eq!(problems(&template(json))[0].0, "t.args");
+        // 2 × 100 KiB in all is within the budget.
+        let mut json = base();
+        json["args"] = serde_json::json!([value, value]);
+        assert!(problems(&template(json)).is_empty());
+        let mut json = base();
+        let refs: Vec<_> = (0..65).map(|i| serde_json::json!({"name": format!("s{i}")})).collect();
+        json["secret_refs"] = serde_json::json!(refs);
+        assert_eq!(problems(&template(json))[0].0, "t.secret_refs");
     }
 
     #[test]

@@ -61,6 +61,20 @@ pub async fn list(db: impl PgExecutor<'_>, workspace: Uuid) -> sqlx::Result<Vec<
     .await
 }
 
+/// Whether a token of the workspace is an organisation admin's, locked until the transaction
+/// ends; `None` when the workspace has no such token.
+pub async fn lock_org_admin(
+    db: impl PgExecutor<'_>,
+    workspace: Uuid,
+    id: Uuid,
+) -> sqlx::Result<Option<bool>> {
+    sqlx::query_scalar("SELECT org_admin FROM tokens WHERE workspace_id = $1 AND id = $2 FOR UPDATE")
+        .bind(workspace)
+        .bind(id)
+        .fetch_optional(db)
+        .await
+}
+
 /// Revokes a token of the workspace; `None` when it has no such token.
 pub async fn revoke(db: impl PgExecutor<'_>, workspace: Uuid, id: Uuid) -> sqlx::Result<Option<TokenRecord>> {
     sqlx::query_as(&format!(

@@ -408,17 +408,24 @@ pub struct AssignmentRow {
     pub fill_drive: Option<String>,
 }
 
-/// The released workers of a machine that have not ended: what its agent should be running.
-pub async fn assigned_to(db: impl PgExecutor<'_>, machine: Uuid) -> sqlx::Result<Vec<AssignmentRow>> {
+/// The released workers of a machine that have not ended, after the worker `after` in id order:
+/// what its agent should be running.
+pub async fn assigned_to(
+    db: impl PgExecutor<'_>,
+    machine: Uuid,
+    after: Option<Uuid>,
+) -> sqlx::Result<Vec<AssignmentRow>> {
     sqlx::query_as(
         "SELECT w.id, w.name, w.state, w.workspace_id, s.name AS namespace, s.id_slot, w.run_id,
              r.name AS run_name, fd.name AS fill_drive
          FROM workers w JOIN runs r ON r.id = w.run_id JOIN workspaces s ON s.id = w.workspace_id
          LEFT JOIN drives fd ON fd.id = r.fill_drive_id
          WHERE w.machine_id = $1 AND w.released AND w.state IN ('Preparing', 'Running')
+           AND ($2::uuid IS NULL OR w.id > $2)
          ORDER BY w.id",
     )
     .bind(machine)
+    .bind(after)
     .fetch_all(db)
     .await
 }

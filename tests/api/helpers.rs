@@ -64,12 +64,18 @@ impl Reply {
 }
 
 pub async fn spawn_app(db: PgPool) -> TestApp {
+    spawn_app_with(db, |state| state).await
+}
+
+/// As [`spawn_app`], with the server's state set up by `configure` (its caps, say).
+pub async fn spawn_app_with(db: PgPool, configure: impl FnOnce(AppState) -> AppState) -> TestApp {
     let signing_pem = Keys::generate_pem().unwrap();
     let keys = Arc::new(Keys::from_pem(&signing_pem).unwrap());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let address = format!("http://{}", listener.local_addr().unwrap());
-    let router = api::router(AppState::new(db.clone(), keys.clone()));
-    tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
+    let router = api::router(configure(AppState::new(db.clone(), keys.clone())));
+    let service = router.into_make_service_with_connect_info::<std::net::SocketAddr>();
+    tokio::spawn(async move { axum::serve(listener, service).await.unwrap() });
     let mut app = TestApp {
         api: format!("{address}/api/v1"),
         address,

@@ -3,6 +3,7 @@
 mod helpers;
 
 mod auth;
+mod costs;
 mod drives;
 mod grants;
 mod lifecycle;
@@ -13,3 +14,4 @@ mod overload;
 mod roles;
 mod runs;
 mod secrets;
+mod watch;

@@ -46,9 +46,12 @@ pub struct Cluster {
 }
 
 /// The flags every replica gets: liveness patient enough that a machine failing over is not
-/// declared lost, and no per-token limit on the test's one token.
+/// declared lost, no per-token limit on the test's one token, and none on the fleet's one
+/// address.
 fn replica_args() -> Vec<String> {
-    ["--heartbeat-grace-seconds", "120", "--rate-limit-per-token", "1000000"].map(String::from).to_vec()
+    ["--heartbeat-grace-seconds", "120", "--rate-limit-per-token", "1000000", "--rate-limit-per-address", "0"]
+        .map(String::from)
+        .to_vec()
 }
 
 impl Cluster {

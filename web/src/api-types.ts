@@ -1973,7 +1973,7 @@ export interface paths {
                     };
                 };
                 401: components["responses"]["Unauthorized"];
-                /** @description Not an admin token */
+                /** @description Not an admin token, or an organisation admin's token revoked without one */
                 403: {
                     headers: {
                         [name: string]: unknown;
@@ -3150,7 +3150,7 @@ export interface components {
                 "application/json": components["schemas"]["ErrorBody"];
             };
         };
-        /** @description This token made too many requests */
+        /** @description This token made too many requests, or holds too many streams open (`watch=true`), or the server holds its limit of streams */
         TooManyRequests: {
             headers: {
                 /** @description Seconds to wait before the next request */

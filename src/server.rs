@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::api::{self, AppState};
 use crate::auth::Keys;
-use crate::controllers::{janitor, liveness};
+use crate::controllers::{janitor, liveness, reseal};
 use crate::scheduler;
 use crate::settings::{ControllerArgs, ServeArgs};
 use crate::store;
@@ -80,6 +80,7 @@ pub fn start_loops(app: &AppState, c: &ControllerArgs, stop: &CancellationToken)
     set.spawn(janitor::run(app.db.clone(), app.limiter.clone(), stop.clone()));
     let grace = Duration::from_secs(c.heartbeat_grace_seconds);
     set.spawn(liveness::run(app.db.clone(), grace, stop.clone()));
+    set.spawn(reseal::run(app.db.clone(), app.keys.clone(), stop.clone()));
     let (hub, db, beats_stop) = (app.hub.clone(), app.db.clone(), stop.clone());
     set.spawn(async move { hub.beats.run(db, crate::beats::flush_every(grace), beats_stop).await });
     set.spawn(crate::observe::upkeep(Duration::from_secs(5), stop.clone()));

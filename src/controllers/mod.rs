@@ -3,3 +3,4 @@
 pub mod fill;
 pub mod janitor;
 pub mod liveness;
+pub mod reseal;

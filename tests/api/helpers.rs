@@ -61,7 +61,12 @@ impl Reply {
 }
 
 pub async fn spawn_app(db: PgPool) -> TestApp {
-    let signing_pem = Keys::generate_pem().unwrap();
+    spawn_app_with_keys(db, &Keys::generate_pem().unwrap()).await
+}
+
+/// A server whose key file is `signing_pem` (one or more keys, oldest first).
+pub async fn spawn_app_with_keys(db: PgPool, signing_pem: &str) -> TestApp {
+    let signing_pem = signing_pem.to_owned();
     let keys = Arc::new(Keys::from_pem(&signing_pem).unwrap());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let address = format!("http://{}", listener.local_addr().unwrap());

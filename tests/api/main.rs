@@ -4,6 +4,7 @@ mod helpers;
 
 mod auth;
 mod drives;
+mod keys;
 mod machines;
 mod odd_input;
 mod openapi;

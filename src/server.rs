@@ -20,6 +20,8 @@ use crate::store;
 pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     tracing::info!(open_files = lift_open_files(), "limit on open files");
     let keys = Keys::load(&args.signing_key_file)?;
+    let ids = keys.ids().collect::<Vec<_>>().join(", ");
+    tracing::info!(keys = %ids, newest = %keys.newest().id, "keys loaded, oldest first");
     let db = store::connect(args.database.url.expose_secret(), args.database.max_connections).await?;
     let listener =
         TcpListener::bind(args.listen).await.with_context(|| format!("cannot listen on {}", args.listen))?;

@@ -432,7 +432,8 @@ fn open_secrets(
     for s in &task.secret_refs {
         env.extend(open(&s.name)?.unwrap_or_default());
     }
-    // Without the secret's key, the pull goes unauthenticated and podman says why it fails.
+    // A secret without the auth file's variable leaves the pull unauthenticated, and podman
+    // says why it fails.
     let image_pull_auth = match &task.image_pull_secret {
         Some(name) => open(name)?.and_then(|mut values| values.remove(PULL_AUTH_KEY)),
         None => None,

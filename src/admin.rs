@@ -1,4 +1,4 @@
-//! `astraeus admin`: make a signing key, print a token.
+//! `astraeus admin`: make or rotate the signing key, print a token.
 
 use anyhow::Context;
 use secrecy::ExposeSecret;
@@ -10,7 +10,15 @@ use crate::store;
 
 pub async fn run(command: AdminCommand) -> anyhow::Result<()> {
     match command {
-        AdminCommand::Keygen { out, force } => {
+        AdminCommand::Keygen { out, rotate: true, .. } => {
+            let id = Keys::rotate_file(&out)?;
+            eprintln!(
+                "added key {id} to {}: it signs and seals once the servers restart with it",
+                out.display()
+            );
+            Ok(())
+        }
+        AdminCommand::Keygen { out, force, rotate: false } => {
             Keys::generate_file(&out, force)?;
             eprintln!("wrote a new signing key to {}", out.display());
             Ok(())

@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::api::{self, AppState};
 use crate::auth::Keys;
-use crate::controllers::{drain, janitor, liveness};
+use crate::controllers::{drain, janitor, liveness, reseal};
 use crate::scheduler;
 use crate::settings::{ControllerArgs, ServeArgs};
 use crate::store;
@@ -20,6 +20,8 @@ use crate::store;
 pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     tracing::info!(open_files = lift_open_files(), "limit on open files");
     let keys = Keys::load(&args.signing_key_file)?;
+    let ids = keys.ids().collect::<Vec<_>>().join(", ");
+    tracing::info!(keys = %ids, newest = %keys.newest().id, "keys loaded, oldest first");
     let db = store::connect(args.database.url.expose_secret(), args.database.max_connections).await?;
     let listener =
         TcpListener::bind(args.listen).await.with_context(|| format!("cannot listen on {}", args.listen))?;
@@ -84,6 +86,7 @@ pub fn start_loops(app: &AppState, c: &ControllerArgs, stop: &CancellationToken)
     let grace = Duration::from_secs(c.heartbeat_grace_seconds);
     set.spawn(liveness::run(app.db.clone(), grace, stop.clone()));
     set.spawn(drain::run(app.db.clone(), stop.clone()));
+    set.spawn(reseal::run(app.db.clone(), app.keys.clone(), stop.clone()));
     let (hub, db, beats_stop) = (app.hub.clone(), app.db.clone(), stop.clone());
     set.spawn(async move { hub.beats.run(db, crate::beats::flush_every(grace), beats_stop).await });
     set.spawn(crate::observe::upkeep(Duration::from_secs(5), stop.clone()));

@@ -66,7 +66,8 @@ pub struct ServeArgs {
     pub listen: SocketAddr,
     #[command(flatten)]
     pub database: DatabaseArgs,
-    /// Ed25519 PKCS#8 PEM file that signs tokens (make one with `astraeus admin keygen`).
+    /// Ed25519 PKCS#8 PEM file of the keys that sign tokens and seal secrets, oldest first (make
+    /// one with `astraeus admin keygen`).
     #[arg(long, env = "ASTRAEUS_SIGNING_KEY_FILE")]
     pub signing_key_file: PathBuf,
     /// Requests a second one token may make (bursts of twice that); 0 turns the limit off.
@@ -208,13 +209,17 @@ pub struct DevArgs {
 
 #[derive(Debug, Subcommand)]
 pub enum AdminCommand {
-    /// Write a new signing key.
+    /// Write a new signing key, or add one to a key file.
     Keygen {
         #[arg(long)]
         out: PathBuf,
         /// Replace an existing file.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "rotate")]
         force: bool,
+        /// Add a new key to the file: it signs and seals from the next start, and the keys
+        /// before it still verify and open what they made until their block is deleted.
+        #[arg(long)]
+        rotate: bool,
     },
     /// Print a new token, creating the workspace when missing.
     Token(TokenArgs),

@@ -35,7 +35,9 @@ use crate::protocol::{
     self, Ack, Assignment, Assignments, HeartbeatRequest, HeartbeatResponse, ImageReport, JoinRequest,
     JoinResponse, Limits, LogUpload, MountSource, MountSpec, StatusReport,
 };
-use crate::store::{self, drives::DriveRecord, machines::Joining, workers::AssignmentRow};
+use crate::store::{
+    self, drives::DriveRecord, machines::Joining, secrets::SealedRow, workers::AssignmentRow,
+};
 
 /// Longest an assignments long-poll is held open.
 const MAX_WAIT: Duration = Duration::from_secs(60);
@@ -360,8 +362,17 @@ async fn answer(
     let data_location = store::machines::get(&mut *db, machine).await?.and_then(|m| m.data_path);
     drop(db);
     let (mut workers, mut bytes, mut next) = (Vec::new(), 0, None);
+    let mut unopened = Vec::new();
     for row in rows {
-        let a = assignment(app, &refs, &specs[&row.run_id], row)?;
+        let run = &specs[&row.run_id];
+        let opened = match open_secrets(app, &refs, run, &row) {
+            Ok(opened) => opened,
+            Err(reason) => {
+                unopened.push((row.id, reason));
+                continue;
+            }
+        };
+        let a = assignment(&refs, run, row, opened)?;
         let size = json_size(&a);
         if let Some(last) = workers.last().filter(|_| bytes + size > ANSWER_BYTES) {
             let last: &Assignment = last;
@@ -370,6 +381,10 @@ async fn answer(
         }
         bytes += size;
         workers.push(a);
+    }
+    // Those workers leave the answer and fail; the machine's others are answered all the same.
+    for (worker, reason) in &unopened {
+        fail_worker(app, machine, *worker, reason).await?;
     }
     Ok((etag, Json(Assignments { version, workers, data_location, next })).into_response())
 }
@@ -394,7 +409,7 @@ fn json_size(value: &impl serde::Serialize) -> usize {
 /// drives the server keeps in memory are not read at all.
 struct Referenced {
     drives: HashMap<(Uuid, String), Arc<DriveRecord>>,
-    secrets: HashMap<(Uuid, String), Vec<u8>>,
+    secrets: HashMap<(Uuid, String), SealedRow>,
     /// The host-path grants of each (workspace, cluster) whose workers mount drives.
     grants: HashMap<(Uuid, String), Vec<Grant>>,
 }
@@ -434,7 +449,7 @@ impl Referenced {
         let secrets = store::secrets::sealed_many(&mut *db, &secrets.0, &secrets.1)
             .await?
             .into_iter()
-            .map(|(ws, name, sealed)| ((ws, name), sealed))
+            .map(|row| ((row.workspace_id, row.name.clone()), row))
             .collect();
         // Read at every answer, never kept: narrowing a grant holds for the next mount.
         let grants = store::grants::of_many(&mut *db, &grants).await?;
@@ -442,32 +457,89 @@ impl Referenced {
     }
 }
 
-/// Turns a worker row into what the agent runs: mounts resolved, secrets opened.
-fn assignment(
+/// What a worker's secrets hold, opened.
+struct Opened {
+    env: BTreeMap<String, String>,
+    image_pull_auth: Option<String>,
+}
+
+/// Opens the secrets a worker names; `Err` is the reason it fails, naming the secret but never
+/// anything of its value.
+fn open_secrets(
     app: &AppState,
     refs: &Referenced,
     run: &RunSpec,
-    row: AssignmentRow,
-) -> Result<Assignment, ApiError> {
+    row: &AssignmentRow,
+) -> Result<Opened, String> {
     let task = &run.task_template;
     // A secret deleted since the run was made is skipped: its variables are not set.
-    let open = |name: &Name| -> Result<Option<BTreeMap<String, String>>, ApiError> {
-        let Some(sealed) = refs.secrets.get(&(row.workspace_id, name.to_string())) else {
+    let open = |name: &Name| -> Result<Option<BTreeMap<String, String>>, String> {
+        let Some(found) = refs.secrets.get(&(row.workspace_id, name.to_string())) else {
             return Ok(None);
         };
-        let plain = seal::open(&app.keys, sealed)
-            .ok_or_else(|| anyhow::anyhow!("secret {name} cannot be opened with this server's key"))?;
-        Ok(Some(serde_json::from_slice(&plain).map_err(anyhow::Error::from)?))
+        let at = seal::Row { workspace: row.workspace_id, name: &found.name };
+        let unopened = |why: String| {
+            tracing::warn!(worker = %row.id, workspace = %row.workspace_id, secret = %name, %why,
+                "a secret does not open: its workers fail");
+            format!("secret {name} cannot be opened: {why}")
+        };
+        let plain = seal::open(&app.keys, at, found.key_id.as_deref(), &found.sealed)
+            .map_err(|e| unopened(e.to_string()))?;
+        serde_json::from_slice(&plain).map(Some).map_err(|_| unopened("it holds no variables".into()))
     };
     let mut env = task.env.clone();
     for s in &task.secret_refs {
         env.extend(open(&s.name)?.unwrap_or_default());
     }
-    // Without the secret or its key, the pull goes unauthenticated and podman says why it fails.
+    // A secret without the auth file's variable leaves the pull unauthenticated, and podman
+    // says why it fails.
     let image_pull_auth = match &task.image_pull_secret {
         Some(name) => open(name)?.and_then(|mut values| values.remove(PULL_AUTH_KEY)),
         None => None,
     };
+    Ok(Opened { env, image_pull_auth })
+}
+
+/// Fails a worker of `machine` whose assignment cannot be made, as its agent's report would.
+async fn fail_worker(app: &AppState, machine: Uuid, worker: Uuid, reason: &str) -> Result<(), ApiError> {
+    let mut tx = app.db.begin().await?;
+    let Some(run) = store::workers::lock_run_of(&mut tx, worker).await? else { return Ok(()) };
+    let failed = WorkerState::Failed;
+    if store::workers::finish(&mut tx, worker, Some(machine), failed, reason, None).await?.is_some() {
+        store::workers::refresh_locked_run(&mut tx, run).await?;
+        ended(&mut tx, machine, run, worker, failed).await?;
+        tx.commit().await?;
+    }
+    Ok(())
+}
+
+/// What follows a worker's end: whoever follows it is woken, a fill's outcome counted, and the
+/// machine's agent told.
+async fn ended(
+    tx: &mut PgConnection,
+    machine: Uuid,
+    run: Uuid,
+    worker: Uuid,
+    state: WorkerState,
+) -> sqlx::Result<()> {
+    hub::worker_ended(&mut *tx, worker).await?;
+    if let Some(took) = store::fills::ended(&mut *tx, run, worker).await? {
+        let outcome = if state == WorkerState::Completed { "completed" } else { "failed" };
+        metrics::counter!("astraeus_fills_total", "outcome" => outcome).increment(1);
+        metrics::histogram!("astraeus_fill_duration_seconds").record(took);
+    }
+    store::machines::touch_assignments(&mut *tx, &[machine]).await
+}
+
+/// Turns a worker row into what the agent runs: mounts resolved, secrets as opened.
+fn assignment(
+    refs: &Referenced,
+    run: &RunSpec,
+    row: AssignmentRow,
+    opened: Opened,
+) -> Result<Assignment, ApiError> {
+    let task = &run.task_template;
+    let Opened { env, image_pull_auth } = opened;
     let mut mounts = Vec::new();
     if let Some(drive) = &row.fill_drive {
         // A fill writes the whole copy, read-write, at /drive.
@@ -591,13 +663,7 @@ async fn report_status(
     }
     store::workers::refresh_locked_run(&mut tx, run).await?;
     if report.state.is_terminal() {
-        hub::worker_ended(&mut *tx, id).await?;
-        if let Some(took) = store::fills::ended(&mut *tx, run, id).await? {
-            let outcome = if report.state == WorkerState::Completed { "completed" } else { "failed" };
-            metrics::counter!("astraeus_fills_total", "outcome" => outcome).increment(1);
-            metrics::histogram!("astraeus_fill_duration_seconds").record(took);
-        }
-        store::machines::touch_assignments(&mut *tx, &[caller.id]).await?;
+        ended(&mut tx, caller.id, run, id, report.state).await?;
     } else {
         hub::worker_changed(&mut *tx, id).await?;
     }

@@ -129,8 +129,8 @@ pub async fn create(
     p.finish().map_err(ApiError::Invalid)?;
     let keys: Vec<String> = input.data.keys().cloned().collect();
     let plain = serde_json::to_vec(&input.data).map_err(anyhow::Error::from)?;
-    let sealed = seal::seal(&app.keys, &plain);
     let name = input.metadata.name.as_str();
+    let sealed = seal::seal(&app.keys, seal::Row { workspace: caller.workspace_id, name }, &plain);
     let record = store::secrets::insert(&app.db, caller.workspace_id, name, &keys, &sealed)
         .await
         .map_err(on_constraint("secrets_workspace_name_key", || format!("secret {name} already exists")))?;

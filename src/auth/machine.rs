@@ -7,13 +7,12 @@
 
 use base64::Engine;
 use chrono::{DateTime, Utc};
-use jsonwebtoken::{Algorithm, Header};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
 use super::Keys;
-use super::token::{ISSUER, TokenError, decode};
+use super::token::{ISSUER, TokenError, decode, sign};
 
 pub const AGENT_AUDIENCE: &str = "astraeus-agent";
 const JOIN_PREFIX: &str = "astj_";
@@ -56,8 +55,7 @@ pub fn mint_credential(
         iat: Utc::now().timestamp(),
         exp: expires_at.timestamp(),
     };
-    jsonwebtoken::encode(&Header::new(Algorithm::EdDSA), &claims, &keys.encoding)
-        .expect("signing with a loaded Ed25519 key cannot fail")
+    sign(keys, &claims)
 }
 
 pub fn verify_credential(keys: &Keys, token: &str) -> Result<MachineClaims, TokenError> {

@@ -1,4 +1,4 @@
-//! Bearer tokens: JWTs signed with the server's Ed25519 key.
+//! Bearer tokens: JWTs signed with the server's newest Ed25519 key, named in their `kid`.
 //!
 //! A token carries its workspace and role; its id (`jti`) is kept in the `tokens` table so a
 //! revocation takes effect on the next request.
@@ -70,7 +70,14 @@ pub fn mint(keys: &Keys, c: &NewClaims<'_>) -> String {
         role: c.role,
         org: c.org_admin,
     };
-    jsonwebtoken::encode(&Header::new(Algorithm::EdDSA), &claims, &keys.encoding)
+    sign(keys, &claims)
+}
+
+/// Signs `claims` with the newest key, named in the header's `kid`.
+pub(crate) fn sign(keys: &Keys, claims: &impl Serialize) -> String {
+    let key = keys.newest();
+    let header = Header { kid: Some(key.id.clone()), ..Header::new(Algorithm::EdDSA) };
+    jsonwebtoken::encode(&header, claims, &key.encoding)
         .expect("signing with a loaded Ed25519 key cannot fail")
 }
 
@@ -80,7 +87,8 @@ pub fn verify(keys: &Keys, token: &str) -> Result<Claims, TokenError> {
     decode(keys, token, USER_AUDIENCE)
 }
 
-/// Decodes a token meant for `audience`, with every check but revocation.
+/// Decodes a token meant for `audience`, with every check but revocation. The key is the one
+/// the header's `kid` names; a token without one was signed before keys had ids, by the oldest.
 pub fn decode<T: serde::de::DeserializeOwned>(
     keys: &Keys,
     token: &str,
@@ -92,7 +100,12 @@ pub fn decode<T: serde::de::DeserializeOwned>(
     v.set_required_spec_claims(&["exp", "iss", "aud", "sub"]);
     v.validate_nbf = true;
     v.leeway = 5;
-    jsonwebtoken::decode::<T>(token, &keys.decoding, &v).map(|d| d.claims).map_err(|e| {
+    let header = jsonwebtoken::decode_header(token).map_err(|_| TokenError::Invalid("malformed".into()))?;
+    let key = match &header.kid {
+        Some(kid) => keys.get(kid).ok_or_else(|| TokenError::Invalid("signed with an unknown key".into()))?,
+        None => keys.oldest(),
+    };
+    jsonwebtoken::decode::<T>(token, &key.decoding, &v).map(|d| d.claims).map_err(|e| {
         use jsonwebtoken::errors::ErrorKind;
         match e.kind() {
             ErrorKind::ExpiredSignature => TokenError::Expired,
@@ -143,8 +156,14 @@ mod tests {
     fn expired_forged_and_unsigned_tokens_are_refused() {
         let k = keys();
         assert_eq!(verify(&k, &mint(&k, &claims(Duration::hours(-1)))), Err(TokenError::Expired));
-        let other = mint(&keys(), &claims(Duration::hours(1)));
-        assert_eq!(verify(&k, &other), Err(TokenError::Invalid("bad signature".into())));
+        let other = keys();
+        let unknown = mint(&other, &claims(Duration::hours(1)));
+        assert_eq!(verify(&k, &unknown), Err(TokenError::Invalid("signed with an unknown key".into())));
+        // Another key's signature under this key's id.
+        let header = Header { kid: Some(k.newest().id.clone()), ..Header::new(Algorithm::EdDSA) };
+        let c = verify(&other, &unknown).unwrap();
+        let forged = jsonwebtoken::encode(&header, &c, &other.newest().encoding).unwrap();
+        assert_eq!(verify(&k, &forged), Err(TokenError::Invalid("bad signature".into())));
         // `alg: none`: the header says no signature and the signature part is empty.
         let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
         let good = mint(&k, &claims(Duration::hours(1)));
@@ -152,5 +171,46 @@ mod tests {
         let none = format!("{}.{payload}.", b64.encode(r#"{"alg":"none","typ":"JWT"}"#));
         assert!(verify(&k, &none).is_err());
         assert!(verify(&k, "garbage").is_err());
+    }
+
+    #[test]
+    fn a_token_names_its_key_and_verifies_after_a_rotation_until_the_key_is_removed() {
+        let (old_pem, new_pem) = (Keys::generate_pem().unwrap(), Keys::generate_pem().unwrap());
+        let old = Keys::from_pem(&old_pem).unwrap();
+        let rotated = Keys::from_pem(&format!("{old_pem}{new_pem}")).unwrap();
+        let only_new = Keys::from_pem(&new_pem).unwrap();
+        let before = mint(&old, &claims(Duration::hours(1)));
+        let after = mint(&rotated, &claims(Duration::hours(1)));
+        let kid = |t: &str| jsonwebtoken::decode_header(t).unwrap().kid.unwrap();
+        assert_eq!(kid(&before), old.newest().id);
+        assert_eq!(kid(&after), rotated.newest().id);
+        assert!(verify(&rotated, &before).is_ok());
+        assert!(verify(&rotated, &after).is_ok());
+        assert!(verify(&only_new, &after).is_ok());
+        let gone = Err(TokenError::Invalid("signed with an unknown key".into()));
+        assert_eq!(verify(&only_new, &before), gone, "the old key was removed");
+        assert_eq!(verify(&old, &after), gone, "a replica without the new key");
+    }
+
+    #[test]
+    fn a_token_without_a_kid_is_checked_with_the_oldest_key_only() {
+        let (old_pem, new_pem) = (Keys::generate_pem().unwrap(), Keys::generate_pem().unwrap());
+        let rotated = Keys::from_pem(&format!("{old_pem}{new_pem}")).unwrap();
+        let c = claims(Duration::hours(1));
+        let payload = mint(&rotated, &c).split('.').nth(1).unwrap().to_owned();
+        let unnamed = |pem: &str| {
+            let key = jsonwebtoken::EncodingKey::from_ed_pem(pem.as_bytes()).unwrap();
+            let claims: Claims = serde_json::from_slice(
+                &base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(&payload).unwrap(),
+            )
+            .unwrap();
+            jsonwebtoken::encode(&Header::new(Algorithm::EdDSA), &claims, &key).unwrap()
+        };
+        assert_eq!(verify(&rotated, &unnamed(&old_pem)).unwrap().jti, c.id, "issued before key ids");
+        assert_eq!(
+            verify(&rotated, &unnamed(&new_pem)),
+            Err(TokenError::Invalid("bad signature".into())),
+            "every token the newest key signs names it"
+        );
     }
 }

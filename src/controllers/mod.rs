@@ -4,3 +4,4 @@ pub mod drain;
 pub mod fill;
 pub mod janitor;
 pub mod liveness;
+pub mod reseal;

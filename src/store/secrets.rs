@@ -5,6 +5,7 @@ use sqlx::PgExecutor;
 use uuid::Uuid;
 
 use super::Page;
+use crate::auth::seal::Sealed;
 
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct SecretRecord {
@@ -21,17 +22,18 @@ pub async fn insert(
     workspace: Uuid,
     name: &str,
     keys: &[String],
-    sealed: &[u8],
+    sealed: &Sealed,
 ) -> sqlx::Result<SecretRecord> {
     sqlx::query_as(&format!(
-        "INSERT INTO secrets (id, workspace_id, name, keys, sealed) VALUES ($1, $2, $3, $4, $5)
+        "INSERT INTO secrets (id, workspace_id, name, keys, sealed, key_id) VALUES ($1, $2, $3, $4, $5, $6)
          RETURNING {COLUMNS}"
     ))
     .bind(Uuid::now_v7())
     .bind(workspace)
     .bind(name)
     .bind(keys)
-    .bind(sealed)
+    .bind(&sealed.bytes)
+    .bind(&sealed.key_id)
     .fetch_one(db)
     .await
 }
@@ -78,23 +80,65 @@ pub async fn delete(db: impl PgExecutor<'_>, workspace: Uuid, name: &str) -> sql
     Ok(done.rows_affected() == 1)
 }
 
+/// A secret's sealed value, as stored.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct SealedRow {
+    pub id: Uuid,
+    pub workspace_id: Uuid,
+    pub name: String,
+    /// The key that sealed it; `None` when sealed before key ids.
+    pub key_id: Option<String>,
+    pub sealed: Vec<u8>,
+}
+
 /// The sealed values of the secrets named by these (workspace, name) pairs that exist.
 pub async fn sealed_many(
     db: impl PgExecutor<'_>,
     workspaces: &[Uuid],
     names: &[String],
-) -> sqlx::Result<Vec<(Uuid, String, Vec<u8>)>> {
+) -> sqlx::Result<Vec<SealedRow>> {
     if names.is_empty() {
         return Ok(Vec::new());
     }
     sqlx::query_as(
-        "SELECT workspace_id, name, sealed FROM secrets
+        "SELECT id, workspace_id, name, key_id, sealed FROM secrets
          WHERE (workspace_id, name) IN (SELECT * FROM unnest($1::uuid[], $2::text[]))",
     )
     .bind(workspaces)
     .bind(names)
     .fetch_all(db)
     .await
+}
+
+/// Up to `limit` values not sealed with key `newest`, after id `after`, in id order.
+pub async fn not_sealed_with(
+    db: impl PgExecutor<'_>,
+    newest: &str,
+    after: Option<Uuid>,
+    limit: i64,
+) -> sqlx::Result<Vec<SealedRow>> {
+    sqlx::query_as(
+        "SELECT id, workspace_id, name, key_id, sealed FROM secrets
+         WHERE key_id IS DISTINCT FROM $1 AND ($2::uuid IS NULL OR id > $2) ORDER BY id LIMIT $3",
+    )
+    .bind(newest)
+    .bind(after)
+    .bind(limit)
+    .fetch_all(db)
+    .await
+}
+
+/// Replaces a value with `resealed` if it is still `old`: a replica that resealed it first, or
+/// a secret deleted meanwhile, leaves nothing to do. Returns whether it was replaced.
+pub async fn reseal(db: impl PgExecutor<'_>, id: Uuid, old: &[u8], resealed: &Sealed) -> sqlx::Result<bool> {
+    let done = sqlx::query("UPDATE secrets SET sealed = $3, key_id = $4 WHERE id = $1 AND sealed = $2")
+        .bind(id)
+        .bind(old)
+        .bind(&resealed.bytes)
+        .bind(&resealed.key_id)
+        .execute(db)
+        .await?;
+    Ok(done.rows_affected() == 1)
 }
 
 /// A run not yet ended, or a drive's fill, that references the secret (in `secret_refs` or as

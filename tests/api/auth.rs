@@ -205,6 +205,30 @@ async fn a_token_signed_by_another_key_is_unauthorized(db: sqlx::PgPool) {
 }
 
 #[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
+async fn a_token_whose_kid_names_an_unknown_key_is_unauthorized(db: sqlx::PgPool) {
+    let app = spawn_app(db).await;
+    let claims = good_claims(&app).await;
+    let removed = Keys::from_pem(&Keys::generate_pem().unwrap()).unwrap().newest().id.clone();
+    let long = "a".repeat(1000);
+    for kid in [removed.as_str(), "", "../../signing-key.pem", &long] {
+        // Signed with the server's own key: only the kid is wrong.
+        let header = Header { kid: Some(kid.to_owned()), ..Header::new(Algorithm::EdDSA) };
+        let token = jsonwebtoken::encode(&header, &claims, &app_key(&app)).unwrap();
+        let reply = drives_with(&app, &token).await;
+        assert_unauthorized(
+            &reply,
+            "signed with an unknown key",
+            &format!("kid {:?}", &kid[..kid.len().min(20)]),
+        );
+        assert!(!reply.text.contains(kid) || kid.is_empty(), "the kid is not echoed: {}", reply.text);
+    }
+    // The same token naming the server's key is accepted: the kid alone made the difference.
+    let header = Header { kid: Some(app.keys.newest().id.clone()), ..Header::new(Algorithm::EdDSA) };
+    let token = jsonwebtoken::encode(&header, &claims, &app_key(&app)).unwrap();
+    assert_eq!(drives_with(&app, &token).await.status, 200);
+}
+
+#[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
 async fn a_well_signed_token_the_server_never_issued_is_unauthorized(db: sqlx::PgPool) {
     let app = spawn_app(db).await;
     let mut claims = good_claims(&app).await;

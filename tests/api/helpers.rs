@@ -64,12 +64,21 @@ impl Reply {
 }
 
 pub async fn spawn_app(db: PgPool) -> TestApp {
-    spawn_app_with(db, |state| state).await
+    spawn_app_with_keys(db, &Keys::generate_pem().unwrap(), |state| state).await
 }
 
 /// As [`spawn_app`], with the server's state set up by `configure` (its caps, say).
 pub async fn spawn_app_with(db: PgPool, configure: impl FnOnce(AppState) -> AppState) -> TestApp {
-    let signing_pem = Keys::generate_pem().unwrap();
+    spawn_app_with_keys(db, &Keys::generate_pem().unwrap(), configure).await
+}
+
+/// A server whose key file is `signing_pem` (one or more keys, oldest first).
+pub async fn spawn_app_with_keys(
+    db: PgPool,
+    signing_pem: &str,
+    configure: impl FnOnce(AppState) -> AppState,
+) -> TestApp {
+    let signing_pem = signing_pem.to_owned();
     let keys = Arc::new(Keys::from_pem(&signing_pem).unwrap());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let address = format!("http://{}", listener.local_addr().unwrap());

@@ -6,6 +6,7 @@ mod auth;
 mod costs;
 mod drives;
 mod grants;
+mod keys;
 mod lifecycle;
 mod machines;
 mod odd_input;

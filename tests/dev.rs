@@ -35,7 +35,9 @@ struct PostgresGuard {
 
 impl PostgresGuard {
     fn postmaster_pid(&self) -> Option<String> {
-        let pid_file = std::fs::read_to_string(self.data.join("postmaster.pid")).ok()?;
+        let pid_file = std::fs::read_to_string(self.data.join("postmaster.pid"))
+            .or_else(|_| std::fs::read_to_string(elsewhere(&self.data)?.join("data/postmaster.pid")))
+            .ok()?;
         pid_file.lines().next().map(|l| l.trim().to_owned())
     }
 }
@@ -46,6 +48,13 @@ impl Drop for PostgresGuard {
             let _ = Command::new("kill").args(["-QUIT", &pid]).status();
         }
     }
+}
+
+/// The folder dev mode's private Postgres lives in when the `postgres` user cannot reach the
+/// state dir (`<state>/postgres/elsewhere` names it), given its `data` folder in the state dir.
+fn elsewhere(data: &Path) -> std::io::Result<PathBuf> {
+    let named = std::fs::read_to_string(data.with_file_name("elsewhere"))?;
+    Ok(PathBuf::from(named.trim()))
 }
 
 /// The variables of the `export API=… ASTRAEUS_API=… ASTRAEUS_TOKEN=…` line, once all are there.
@@ -140,4 +149,42 @@ async fn dev_mode_runs_work_on_two_machines_stops_cleanly_and_keeps_its_state_un
     let api = api_of(&read_env(&mut dev, &state).await);
     assert_eq!(run_names(&api).await, Vec::<String>::new());
     interrupt(dev, &state).await;
+}
+
+/// As root, with the state dir under a folder only root may enter (a clone under /root): the
+/// `postgres` user cannot reach it, so the private Postgres lives in a folder of its own, found
+/// again on the next start and removed by `--fresh`.
+#[tokio::test]
+async fn dev_mode_runs_with_its_state_where_the_postgres_user_cannot_enter() {
+    use std::os::unix::fs::PermissionsExt;
+    let root = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(root.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+    let state = std::fs::canonicalize(root.path()).unwrap().join("state");
+    let logs = open_tempdir();
+    let _postgres = PostgresGuard { data: state.join("postgres/data") };
+
+    let mut dev = start_dev(&state, logs.path().join("dev-1.log"), false);
+    let api = api_of(&read_env(&mut dev, &state).await);
+    api.create_run(&sh_run("private-state", "echo kept")).await;
+    assert_eq!(api.wait_run_ended("private-state").await["status"]["state"], "Completed");
+    let home = elsewhere(&state.join("postgres/data"));
+    // Only root runs Postgres as another user; anyone else keeps it in the state dir.
+    let root_user = rustix::process::geteuid().is_root();
+    assert_eq!(home.is_ok(), root_user, "{home:?}");
+    interrupt(dev, &state).await;
+
+    std::fs::remove_file(state.join("env")).unwrap();
+    let mut dev = start_dev(&state, logs.path().join("dev-2.log"), true);
+    let api = api_of(&read_env(&mut dev, &state).await);
+    assert_eq!(run_names(&api).await, Vec::<String>::new());
+    if let Ok(old) = home {
+        assert!(!old.exists(), "--fresh removes {}", old.display());
+    }
+    interrupt(dev, &state).await;
+    if let Ok(home) = elsewhere(&state.join("postgres/data")) {
+        let left: Vec<String> =
+            command_lines().into_iter().filter(|c| c.contains(home.to_str().unwrap())).collect();
+        assert!(left.is_empty(), "still running after astraeus dev stopped: {left:?}");
+        let _ = std::fs::remove_dir_all(home);
+    }
 }

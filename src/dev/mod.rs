@@ -25,10 +25,10 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     let state = args.state_dir.clone();
     if args.fresh && state.exists() {
         let pg_dir = state.join("postgres");
-        if pg_dir.join("data").exists() {
+        if pg_dir.join("data").exists() || pg_dir.join("elsewhere").exists() {
             // A previous run may still be up; stopping a stopped instance is harmless.
             if let Ok(pg) = postgres::Private::start(&pg_dir) {
-                pg.stop();
+                pg.stop_and_remove();
             }
         }
         std::fs::remove_dir_all(&state).with_context(|| format!("cannot empty {}", state.display()))?;

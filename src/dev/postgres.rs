@@ -1,6 +1,8 @@
 //! A private Postgres for dev mode, from the system's own binaries, kept under the state dir.
 //!
-//! PostgreSQL refuses to run as root, so as root it runs as the `postgres` user.
+//! PostgreSQL refuses to run as root, so as root it runs as the `postgres` user; when that user
+//! cannot reach the state dir (a clone under `/root`, mode 0700), the instance lives in a folder
+//! of its own under `/var/tmp`, which the state dir names in `postgres/elsewhere`.
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -12,7 +14,48 @@ pub struct Private {
     bin: PathBuf,
     data: PathBuf,
     as_postgres: bool,
+    /// The folder it lives in, when the state dir could not hold it.
+    elsewhere: Option<PathBuf>,
     pub url: String,
+}
+
+/// Where the state dir `dir` names the folder its instance lives in instead.
+const ELSEWHERE: &str = "elsewhere";
+
+/// The folder the instance of `dir` lives in, `dir` itself unless the `postgres` user cannot
+/// reach it; `Some` when elsewhere. The same folder every time, until `dir` is removed.
+fn home(dir: &Path, as_postgres: bool) -> anyhow::Result<(PathBuf, Option<PathBuf>)> {
+    if let Ok(kept) = std::fs::read_to_string(dir.join(ELSEWHERE)) {
+        let kept = PathBuf::from(kept.trim());
+        if kept.join("data").exists() {
+            return Ok((kept.clone(), Some(kept)));
+        }
+    }
+    if !as_postgres || reachable_by_postgres(dir) {
+        return Ok((dir.to_owned(), None));
+    }
+    let mut suffix = [0u8; 8];
+    getrandom::getrandom(&mut suffix).context("no randomness")?;
+    let name: String = suffix.iter().map(|b| format!("{b:02x}")).collect();
+    // /var/tmp outlives a reboot, as the state dir does.
+    let home = Path::new("/var/tmp").join(format!("astraeus-pg-{name}"));
+    std::fs::create_dir_all(&home).with_context(|| format!("cannot create {}", home.display()))?;
+    std::fs::write(dir.join(ELSEWHERE), home.to_string_lossy().as_bytes())?;
+    eprintln!(
+        "the postgres user cannot reach {}: its private PostgreSQL lives in {}",
+        dir.display(),
+        home.display()
+    );
+    Ok((home.clone(), Some(home)))
+}
+
+/// Whether the `postgres` user may enter and write `dir` (every folder above it included).
+fn reachable_by_postgres(dir: &Path) -> bool {
+    Command::new("runuser")
+        .args(["-u", "postgres", "--", "test", "-x"])
+        .arg(dir)
+        .status()
+        .is_ok_and(|s| s.success())
 }
 
 /// Finds initdb and pg_ctl: `pg_config --bindir`, else the newest /usr/lib/postgresql/*/bin.
@@ -81,8 +124,8 @@ impl Private {
             }
         };
         std::fs::create_dir_all(dir)?;
-        let dir = std::fs::canonicalize(dir)?;
         let as_postgres = is_root();
+        let (dir, elsewhere) = home(&std::fs::canonicalize(dir)?, as_postgres)?;
         if as_postgres {
             let status = Command::new("chown").args(["-R", "postgres:postgres"]).arg(&dir).status()?;
             if !status.success() {
@@ -90,7 +133,7 @@ impl Private {
             }
         }
         let data = dir.join("data");
-        let mut pg = Private { bin, data, as_postgres, url: String::new() };
+        let mut pg = Private { bin, data, as_postgres, elsewhere, url: String::new() };
         let data_arg = pg.data.to_string_lossy().into_owned();
         if !pg.data.join("PG_VERSION").exists() {
             let out = pg.run(
@@ -134,6 +177,15 @@ impl Private {
             bail!("pg_ctl restart failed: {}", String::from_utf8_lossy(&out.stderr));
         }
         Ok(())
+    }
+
+    /// Stops the instance and removes what it keeps, when it lives elsewhere than the state
+    /// dir (what is in the state dir goes with it).
+    pub fn stop_and_remove(&self) {
+        self.stop();
+        if let Some(home) = &self.elsewhere {
+            let _ = std::fs::remove_dir_all(home);
+        }
     }
 
     pub fn stop(&self) {

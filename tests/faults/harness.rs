@@ -182,7 +182,7 @@ impl Drop for Cluster {
             server.signal(rustix::process::Signal::CONT);
             server.signal(rustix::process::Signal::KILL);
         }
-        self.pg.stop();
+        self.pg.stop_and_remove();
     }
 }
 

@@ -192,13 +192,18 @@ fn to_copy(workspace: &str, data_path: &str, c: MachineCopyRecord) -> MachineCop
 #[serde(deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
 pub struct MachineListParams {
+    /// At most this many items (1–1000, default 100).
+    #[param(minimum = 1, maximum = 1000)]
+    pub limit: Option<i64>,
+    /// The `next` value of the previous page.
+    pub cursor: Option<Uuid>,
     /// Stream changes instead of answering the list (see `GET /runs`).
     #[serde(default)]
     pub watch: bool,
     pub resource_version: Option<i64>,
 }
 
-/// List machines, by name.
+/// List machines, by cluster, then name, a page at a time.
 #[utoipa::path(get, path = "/machines", tag = "machines", params(MachineListParams),
     responses(
         (status = 200, description = "A page, or with `watch=true` a stream of changes", content(
@@ -206,7 +211,7 @@ pub struct MachineListParams {
             (String = "application/x-ndjson"),
             (String = "text/event-stream"),
         )),
-        (status = 410, description = "With `watch=true`: `resource_version` is older than the retained changes", body = ErrorBody),
+        (status = 410, description = "`cursor` names a machine deleted since, or with `watch=true`, `resource_version` is older than the retained changes", body = ErrorBody),
     ),
     security(("bearer" = [])))]
 pub async fn list(
@@ -215,16 +220,22 @@ pub async fn list(
     headers: HeaderMap,
     Params(params): Params<MachineListParams>,
 ) -> Result<Response, ApiError> {
-    let version = store::changes::latest(&app.db).await?;
-    let rows = store::machines::list(&app.db).await?;
+    let limit = PageParams { limit: params.limit, cursor: params.cursor }.fetch_limit()?;
     if params.watch {
         let names = match params.resource_version {
             Some(_) => vec![],
-            None => rows.into_iter().map(|m| m.name).collect(),
+            None => store::machines::list(&app.db).await?.into_iter().map(|m| m.name).collect(),
         };
         return watch::stream(app, caller, Kind::Machines, params.resource_version, names, &headers).await;
     }
-    Ok(Json(List::all(rows.into_iter().map(to_object).collect()).at(version)).into_response())
+    let version = store::changes::latest(&app.db).await?;
+    let mut db = app.db.acquire().await?;
+    let page = store::Page { limit, before: params.cursor };
+    let rows = store::machines::page(&mut db, page)
+        .await?
+        .ok_or_else(|| ApiError::Gone("cursor names a machine deleted since: list again".into()))?;
+    let list = List::from_rows(rows, limit, |m| m.id, to_object);
+    Ok(Json(list.at(version)).into_response())
 }
 
 /// The machine a change names, for watchers: the first of that name, by cluster.

@@ -260,6 +260,38 @@ pub async fn list(db: impl PgExecutor<'_>) -> sqlx::Result<Vec<MachineRecord>> {
     sqlx::query_as(&format!("SELECT {COLUMNS} FROM machines ORDER BY cluster, name")).fetch_all(db).await
 }
 
+/// A page of machines by cluster, then name, after the machine `page.before` names; `None` when
+/// that machine is gone (the pager must list again).
+pub async fn page(
+    db: &mut sqlx::PgConnection,
+    page: super::Page,
+) -> sqlx::Result<Option<Vec<MachineRecord>>> {
+    let after: Option<(String, String)> = match page.before {
+        None => None,
+        Some(id) => {
+            let at = sqlx::query_as("SELECT cluster, name FROM machines WHERE id = $1")
+                .bind(id)
+                .fetch_optional(&mut *db)
+                .await?;
+            match at {
+                None => return Ok(None),
+                some => some,
+            }
+        }
+    };
+    let (cluster, name) = after.unzip();
+    sqlx::query_as(&format!(
+        "SELECT {COLUMNS} FROM machines WHERE $1::text IS NULL OR (cluster, name) > ($1, $2)
+         ORDER BY cluster, name LIMIT $3"
+    ))
+    .bind(cluster)
+    .bind(name)
+    .bind(page.limit)
+    .fetch_all(&mut *db)
+    .await
+    .map(Some)
+}
+
 /// A machine as placement weighs it: what it has and holds, not its labels or history.
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct PlacementMachine {

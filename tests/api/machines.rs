@@ -154,3 +154,23 @@ async fn a_join_token_admits_as_many_machines_as_it_was_minted_for_and_never_tak
         assert_eq!(refused.json()["error"]["fields"][0]["path"], "uses");
     }
 }
+
+#[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
+async fn machines_are_listed_in_pages_by_cluster_then_name(db: sqlx::PgPool) {
+    let app = spawn_app(db).await;
+    for name in ["gpu-03", "gpu-01", "gpu-02"] {
+        join(&app, name, 1).await;
+    }
+    let first = app.get("/machines?limit=2").await.json();
+    assert_eq!(names(&first["items"]), ["gpu-01", "gpu-02"]);
+    let next = first["next"].as_str().unwrap();
+    let second = app.get(&format!("/machines?limit=2&cursor={next}")).await.json();
+    assert_eq!(names(&second["items"]), ["gpu-03"]);
+    assert!(second["next"].is_null(), "{second}");
+    let admin = app.token_for("default", Role::Admin, true).await;
+    let gone = app.request(Method::DELETE, "/machines/gpu-02", Some(&admin), None).await;
+    assert_eq!(gone.status, 204, "{}", gone.text);
+    let stale = app.get(&format!("/machines?limit=2&cursor={next}")).await;
+    assert_eq!(stale.status, 410, "{}", stale.text);
+    assert_eq!(app.get("/machines?limit=1001").await.status, 400);
+}

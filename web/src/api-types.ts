@@ -773,10 +773,14 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        /** List machines, by name. */
+        /** List machines, by cluster, then name, a page at a time. */
         get: {
             parameters: {
                 query?: {
+                    /** @description At most this many items (1–1000, default 100). */
+                    limit?: number;
+                    /** @description The `next` value of the previous page. */
+                    cursor?: string;
                     /** @description Stream changes instead of answering the list (see `GET /runs`). */
                     watch?: boolean;
                     resource_version?: number;
@@ -800,7 +804,7 @@ export interface paths {
                 };
                 400: components["responses"]["BadRequest"];
                 401: components["responses"]["Unauthorized"];
-                /** @description With `watch=true`: `resource_version` is older than the retained changes */
+                /** @description `cursor` names a machine deleted since, or with `watch=true`, `resource_version` is older than the retained changes */
                 410: {
                     headers: {
                         [name: string]: unknown;

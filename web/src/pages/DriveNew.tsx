@@ -176,7 +176,7 @@ export function DriveNew() {
   const [error, setError] = useState<unknown>();
   const [busy, setBusy] = useState(false);
   const clusters = usePoll('clusters', (signal) => get<List<Named>>('/clusters', signal), 10000);
-  const machines = usePoll('machines', (signal) => get<List<Machine>>('/machines', signal), 10000);
+  const machines = usePoll('machines', (signal) => get<List<Machine>>('/machines?limit=1000', signal), 10000);
 
   useEffect(() => {
     const names = clusters.data?.items.map((c) => c.name) ?? [];

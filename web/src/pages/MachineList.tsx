@@ -7,7 +7,7 @@ import { ErrorNote, Loading, StateBadge, TableWrap, Time } from '../ui';
 
 export function MachineList() {
   useTitle('Machines');
-  const machines = usePoll('machines', (signal) => get<List<Machine>>('/machines', signal));
+  const machines = usePoll('machines', (signal) => get<List<Machine>>('/machines?limit=1000', signal));
   const items = machines.data?.items;
   return (
     <>

@@ -84,16 +84,17 @@ impl RunState {
     }
 }
 
-/// A run's state and reason from its workers' states, in the recipe's words.
-/// `failure` is the first failed worker's name and reason, if any.
-pub fn summarize(states: &[WorkerState], failure: Option<(&str, &str)>) -> (RunState, String) {
-    let total = states.len();
-    let count = |s: WorkerState| states.iter().filter(|&&w| w == s).count();
-    let (running, completed, failed) =
-        (count(WorkerState::Running), count(WorkerState::Completed), count(WorkerState::Failed));
-    if failed > 0 {
-        let why = failure.map(|(w, r)| format!("worker {w} failed: {r}")).unwrap_or_default();
-        return (RunState::Failed, why);
+/// One of a run's workers, as its run's summary reads it: name, state and reason.
+pub type WorkerSummary<'a> = (&'a str, WorkerState, &'a str);
+
+/// A run's state and reason from its workers (in index order), in the recipe's words: the first
+/// failed worker's reason, counts while they run, and while they wait, why the first waits.
+pub fn summarize(workers: &[WorkerSummary]) -> (RunState, String) {
+    let total = workers.len();
+    let count = |s: WorkerState| workers.iter().filter(|w| w.1 == s).count();
+    let (running, completed) = (count(WorkerState::Running), count(WorkerState::Completed));
+    if let Some((name, _, reason)) = workers.iter().find(|w| w.1 == WorkerState::Failed) {
+        return (RunState::Failed, format!("worker {name} failed: {reason}"));
     }
     if total > 0 && completed == total {
         return (RunState::Completed, "All workers completed".into());
@@ -104,13 +105,52 @@ pub fn summarize(states: &[WorkerState], failure: Option<(&str, &str)>) -> (RunS
     if completed > 0 {
         return (RunState::Running, format!("{completed} of {total} workers completed"));
     }
-    (RunState::Pending, "Waiting for workers to start".into())
+    (RunState::Pending, waiting(workers))
+}
+
+/// Why the first waiting worker waits (`Choose where to keep data on gpu-01`), with how many
+/// share that reason when the others wait for something else (`… (3 of 4 workers)`).
+fn waiting(workers: &[WorkerSummary]) -> String {
+    let reasons: Vec<&str> = workers
+        .iter()
+        .filter(|w| matches!(w.1, WorkerState::Pending | WorkerState::Preparing))
+        .map(|w| w.2)
+        .collect();
+    let Some(first) = reasons.first().filter(|r| !r.is_empty()) else {
+        return "Waiting for workers to start".into();
+    };
+    match reasons.iter().filter(|r| *r == first).count() {
+        same if same == workers.len() => (*first).to_owned(),
+        same => format!("{first} ({same} of {} workers)", workers.len()),
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::WorkerState::*;
     use super::*;
+
+    #[test]
+    fn a_waiting_run_says_why_its_first_worker_waits_with_a_count_when_others_differ() {
+        let choose = "Choose where to keep data on gpu-01";
+        let cases: [(&[(WorkerState, &str)], &str); 5] = [
+            (&[(Pending, choose), (Pending, choose)], choose),
+            (
+                &[(Pending, choose), (Pending, choose), (Pending, choose), (Preparing, "Starting on gpu-02")],
+                "Choose where to keep data on gpu-01 (3 of 4 workers)",
+            ),
+            (
+                &[(Preparing, "Waiting for drive default.food101 to be filled on gpu-01"), (Pending, "")],
+                "Waiting for drive default.food101 to be filled on gpu-01 (1 of 2 workers)",
+            ),
+            (&[(Pending, ""), (Pending, choose)], "Waiting for workers to start"),
+            (&[], "Waiting for workers to start"),
+        ];
+        for (workers, reason) in cases {
+            let named: Vec<WorkerSummary> = workers.iter().map(|&(s, r)| ("w", s, r)).collect();
+            assert_eq!(summarize(&named), (RunState::Pending, reason.to_owned()), "{workers:?}");
+        }
+    }
 
     #[test]
     fn run_state_reads_like_the_recipe() {
@@ -123,7 +163,8 @@ mod tests {
             (&[Completed, Pending], RunState::Running, "1 of 2 workers completed"),
         ];
         for (states, state, reason) in cases {
-            assert_eq!(summarize(states, None), (state, reason.to_string()), "{states:?}");
+            let named: Vec<WorkerSummary> = states.iter().map(|&s| ("w", s, "")).collect();
+            assert_eq!(summarize(&named), (state, reason.to_string()), "{states:?}");
         }
     }
 
@@ -154,7 +195,7 @@ mod tests {
 
     #[test]
     fn one_failed_worker_fails_the_run_and_says_why() {
-        let (state, reason) = summarize(&[Completed, Failed], Some(("r-1", "exited with code 3")));
+        let (state, reason) = summarize(&[("r-0", Completed, ""), ("r-1", Failed, "exited with code 3")]);
         assert_eq!(state, RunState::Failed);
         assert_eq!(reason, "worker r-1 failed: exited with code 3");
     }

@@ -133,6 +133,8 @@ async fn pass(
     // The copies the pass's workers mount, whole or not: none of them is evicted for another.
     let mut held: BTreeSet<(Uuid, Uuid)> = BTreeSet::new();
     let mut decided: HashMap<Uuid, (&PendingRow, String, BTreeMap<String, String>)> = HashMap::new();
+    // Runs whose workers' reasons change: each says why its first worker waits.
+    let mut reasons_changed: Vec<Uuid> = Vec::new();
     for w in &pending {
         // A run deleted since its workers were claimed has none left to place.
         let Some(request) = requests.get(&w.run_id) else {
@@ -173,6 +175,7 @@ async fn pass(
                 if w.reason != why {
                     store::workers::set_pending_reason(&mut *tx, w.id, &why).await?;
                     event(&mut tx, w, true, "FailedScheduling", &why).await?;
+                    reasons_changed.push(w.run_id);
                 }
                 continue;
             }
@@ -236,6 +239,8 @@ async fn pass(
     for (w, why) in ungranted {
         fail_ungranted(db, w, &why).await?;
     }
+    reasons_changed.extend(bound.iter().map(|id| decided[id].0.run_id));
+    store::workers::refresh_runs(db, &mut reasons_changed).await?;
     let placed = bound.len();
     metrics::counter!("astraeus_placements_total").increment(placed as u64);
     metrics::histogram!("astraeus_scheduler_pass_seconds").record(started.elapsed().as_secs_f64());

@@ -7,7 +7,7 @@ use sqlx::types::Json;
 use sqlx::{PgConnection, PgExecutor};
 use uuid::Uuid;
 
-use crate::domain::run::{RunSpec, WorkerState, summarize};
+use crate::domain::run::{RunSpec, WorkerState, WorkerSummary, summarize};
 
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct WorkerRecord {
@@ -370,6 +370,25 @@ pub async fn refresh_run(tx: &mut PgConnection, run: Uuid) -> sqlx::Result<()> {
     refresh_locked_run(tx, run).await
 }
 
+/// [`refresh_run`] for several runs in one transaction of their own, locked in id order: after
+/// a scheduling pass changed why their workers wait.
+pub async fn refresh_runs(db: &sqlx::PgPool, runs: &mut Vec<Uuid>) -> sqlx::Result<()> {
+    if runs.is_empty() {
+        return Ok(());
+    }
+    runs.sort_unstable();
+    runs.dedup();
+    let mut tx = db.begin().await?;
+    sqlx::query("SELECT 1 FROM runs WHERE id = ANY($1) ORDER BY id FOR UPDATE")
+        .bind(&*runs)
+        .execute(&mut *tx)
+        .await?;
+    for run in runs.iter() {
+        refresh_locked_run(&mut tx, *run).await?;
+    }
+    tx.commit().await
+}
+
 /// [`refresh_run`] for a transaction that already holds the run's lock ([`lock_run_of`]).
 pub async fn refresh_locked_run(tx: &mut PgConnection, run: Uuid) -> sqlx::Result<()> {
     let rows: Vec<(String, WorkerState, String)> =
@@ -377,9 +396,8 @@ pub async fn refresh_locked_run(tx: &mut PgConnection, run: Uuid) -> sqlx::Resul
             .bind(run)
             .fetch_all(&mut *tx)
             .await?;
-    let states: Vec<WorkerState> = rows.iter().map(|r| r.1).collect();
-    let failure = rows.iter().find(|r| r.1 == WorkerState::Failed).map(|r| (r.0.as_str(), r.2.as_str()));
-    let (state, reason) = summarize(&states, failure);
+    let workers: Vec<WorkerSummary> = rows.iter().map(|(n, s, r)| (n.as_str(), *s, r.as_str())).collect();
+    let (state, reason) = summarize(&workers);
     sqlx::query(
         "UPDATE runs SET state = $2, reason = $3, updated_at = now()
          WHERE id = $1 AND (state <> $2 OR reason <> $3)",
@@ -620,13 +638,15 @@ pub async fn state(db: impl PgExecutor<'_>, worker: Uuid) -> sqlx::Result<Option
 }
 
 /// Sets the reason of a worker that waits on its machine.
-pub async fn set_waiting_reason(db: impl PgExecutor<'_>, worker: Uuid, reason: &str) -> sqlx::Result<()> {
-    sqlx::query("UPDATE workers SET reason = $2 WHERE id = $1 AND state = 'Preparing' AND NOT released")
-        .bind(worker)
-        .bind(reason)
-        .execute(db)
-        .await
-        .map(drop)
+pub async fn set_waiting_reason(db: impl PgExecutor<'_>, worker: Uuid, reason: &str) -> sqlx::Result<bool> {
+    let done = sqlx::query(
+        "UPDATE workers SET reason = $2 WHERE id = $1 AND state = 'Preparing' AND NOT released AND reason <> $2",
+    )
+    .bind(worker)
+    .bind(reason)
+    .execute(db)
+    .await?;
+    Ok(done.rows_affected() == 1)
 }
 
 /// The worker's workspace and name.

@@ -485,3 +485,35 @@ async fn a_run_holds_its_first_100_workers_and_pages_through_them_in_index_order
     assert_eq!(reply.status, 400, "{}", reply.text);
     assert!(reply.message().contains("limit must be between 1 and 1000"), "{}", reply.text);
 }
+
+#[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
+async fn a_waiting_run_says_why_its_first_worker_waits_with_a_count_when_its_workers_differ(
+    db: sqlx::PgPool,
+) {
+    let app = app_with_recipe_drive(db).await;
+    app.join_machine("gpu-01", 8).await;
+    let four = recipe_run_with(|r| r["spec"]["replicas"] = json!(4));
+    assert_eq!(app.create_run(&four).await.status, 201);
+    assert_eq!(astraeus::scheduler::tick(&app.db).await.unwrap(), 0);
+    let run = app.get_run("inspect-food101").await.json();
+    assert_eq!(run["status"]["state"], "Pending");
+    // The recipe's troubleshooting row, word for word.
+    assert_eq!(run["status"]["reason"], "Choose where to keep data on gpu-01", "{run}");
+
+    // Once the data location is confirmed, each worker waits for the fill instead.
+    let admin = app.token_for("default", astraeus::domain::role::Role::Admin, true).await;
+    let confirm = json!({"path": "/var/lib/astraeus"});
+    let reply = app
+        .request(reqwest::Method::POST, "/machines/gpu-01/data-location", Some(&admin), Some(&confirm))
+        .await;
+    assert_eq!(reply.status, 200, "{}", reply.text);
+    // Room for two workers more only: the others wait for cpu.
+    let room = "UPDATE machines SET cpu_millis = 2000, data_total_bytes = 1e12, data_free_bytes = 1e12";
+    sqlx::query(room).execute(&app.db).await.unwrap();
+    assert_eq!(astraeus::scheduler::tick(&app.db).await.unwrap(), 2);
+    let run = app.get_run("inspect-food101").await.json();
+    assert_eq!(
+        run["status"]["reason"], "Waiting for drive default.food101 to be filled on gpu-01 (2 of 4 workers)",
+        "{run}"
+    );
+}

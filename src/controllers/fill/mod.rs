@@ -99,7 +99,12 @@ async fn apply(tx: &mut sqlx::PgConnection, change: &Change) -> anyhow::Result<(
             metrics::counter!("astraeus_copies_evicted_total").increment(1);
         }
         Change::Reason { worker, ref reason } => {
-            store::workers::set_waiting_reason(&mut *tx, worker, reason).await?
+            // The run says why its first worker waits: runs, then workers, as every lock.
+            if let Some(run) = store::workers::lock_run_of(tx, worker).await?
+                && store::workers::set_waiting_reason(&mut *tx, worker, reason).await?
+            {
+                store::workers::refresh_locked_run(tx, run).await?;
+            }
         }
         Change::Release { machine } => {
             store::workers::release_ready(&mut *tx, machine).await?;

@@ -357,3 +357,102 @@ async fn a_machine_lists_its_images_and_removes_unused_ones_when_its_disk_is_sho
     let log = cluster.agents[0].proc.log_text();
     assert!(log.contains("removed an unused image"), "{log}");
 }
+
+/// Grants `path` to workspace default on cluster main with `mode`, replacing its other grants.
+async fn grant(api: &Api, path: &std::path::Path, mode: &str) {
+    let body = json!({"paths": [{"path": path, "mode": mode}]});
+    api.put("/workspaces/default/clusters/main/host-paths", &body).await.expect(StatusCode::OK);
+}
+
+/// Drive `name` over the host folder `path`, mounted at `mount_path` with `mode`.
+async fn drive_at(api: &Api, name: &str, path: &std::path::Path, mount_path: &str, mode: &str) {
+    api.create_drive(&json!({
+        "metadata": {"name": name},
+        "spec": {"sources": [{"node_scope": "shared", "path": path, "mount_path": mount_path, "mode": mode}]}
+    }))
+    .await;
+}
+
+#[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
+async fn a_drive_through_a_symlink_under_its_grant_fails_its_worker_and_reads_nothing(pool: PgPool) {
+    let cluster = Cluster::start(&pool).await;
+    let api = &cluster.api;
+    // Whoever can write in the granted folder plants a link to the host's root there.
+    let granted = open_tempdir();
+    std::os::unix::fs::symlink("/", granted.path().join("esc")).unwrap();
+    grant(api, granted.path(), "ReadOnly").await;
+    drive_at(api, "escape", &granted.path().join("esc/etc"), "/data", "ReadOnly").await;
+    let mut run = sh_run("peek", "cat /data/shadow /data/hostname; echo done");
+    run["spec"]["task_template"]["datavolume_refs"] = json!([{"name": "escape"}]);
+    api.create_run(&run).await;
+
+    let run = api.wait_run_ended("peek").await;
+    let worker = api.worker("peek-0").await;
+    let logs = api.logs("peek-0").await;
+    assert_eq!(run["status"]["state"], "Failed", "{run}");
+    let reason = worker["status"]["reason"].as_str().unwrap();
+    assert!(reason.contains("\"esc\" is a symbolic link"), "{reason}");
+    // The container never ran: nothing of the host's /etc reached its output.
+    assert!(!logs.contains("root:") && !logs.contains("done"), "{logs}");
+    let hostname = std::fs::read_to_string("/etc/hostname").unwrap_or_default();
+    assert!(hostname.trim().is_empty() || !logs.contains(hostname.trim()), "{logs}");
+}
+
+#[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
+async fn a_run_writes_to_a_host_path_only_once_its_grant_is_read_write(pool: PgPool) {
+    let cluster = Cluster::start(&pool).await;
+    let api = &cluster.api;
+    let granted = open_tempdir();
+    // Writable by the workspace's container ids, so that only the grant's mode decides.
+    std::fs::set_permissions(granted.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    grant(api, granted.path(), "ReadOnly").await;
+    drive_at(api, "out", granted.path(), "/out", "ReadOnly").await;
+    let mut run = sh_run("write", "echo written > /out/result");
+    run["spec"]["task_template"]["datavolume_refs"] = json!([{"name": "out", "mode": "ReadWrite"}]);
+
+    let refused = api.post("/runs", &run).await;
+    assert_eq!(refused.status, StatusCode::UNPROCESSABLE_ENTITY, "{}", refused.text);
+    assert!(refused.text.contains("spec.task_template.datavolume_refs[0].mode"), "{}", refused.text);
+    assert!(refused.text.contains("granted ReadOnly"), "{}", refused.text);
+    assert_eq!(api.get("/runs/write").await.status, StatusCode::NOT_FOUND, "nothing half-written");
+
+    grant(api, granted.path(), "ReadWrite").await;
+    api.create_run(&run).await;
+    let ended = api.wait_run_ended("write").await;
+    assert_eq!(ended["status"]["state"], "Completed", "{ended}\n{}", api.logs("write-0").await);
+    assert_eq!(std::fs::read_to_string(granted.path().join("result")).unwrap(), "written\n");
+}
+
+#[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
+async fn a_worker_whose_grant_was_narrowed_since_its_run_fails_and_never_starts(pool: PgPool) {
+    let cluster = Cluster::start(&pool).await;
+    let api = &cluster.api;
+    let granted = open_tempdir();
+    std::fs::set_permissions(granted.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    grant(api, granted.path(), "ReadWrite").await;
+    drive_at(api, "out", granted.path(), "/out", "ReadWrite").await;
+    // The only machine takes no new workers, so the run's worker waits while the grant changes.
+    api.post("/machines/gpu-01/cordon", &json!({})).await.expect(StatusCode::OK);
+    let mut run = sh_run("late", "touch /out/started");
+    run["spec"]["task_template"]["datavolume_refs"] = json!([{"name": "out"}]);
+    api.create_run(&run).await;
+    api.wait_worker("late-0", "Pending").await;
+
+    let elsewhere = open_tempdir();
+    grant(api, elsewhere.path(), "ReadWrite").await;
+    let worker = api.wait_worker("late-0", "Failed").await;
+    api.post("/machines/gpu-01/uncordon", &json!({})).await.expect(StatusCode::OK);
+
+    let expected = format!(
+        "drive default.out mounts {}, which is no longer under a host path granted to workspace default \
+         on cluster main",
+        granted.path().display()
+    );
+    assert_eq!(worker["status"]["reason"], expected.as_str(), "{worker}");
+    assert_eq!(api.wait_run_ended("late").await["status"]["state"], "Failed");
+    let kinds: Vec<Value> = events(api, "worker/late-0").await.iter().map(|e| e["reason"].clone()).collect();
+    assert!(kinds.contains(&json!("HostPathNotGranted")), "{kinds:?}");
+    assert!(!kinds.contains(&json!("Scheduled")), "{kinds:?}");
+    assert!(worker["status"]["machine"].is_null(), "{worker}");
+    assert!(!granted.path().join("started").exists(), "the worker ran");
+}

@@ -201,7 +201,8 @@ pub struct EventReport {
 
 #[derive(Debug, Serialize, Deserialize)]
 pub struct Ack {
-    /// False when the server no longer expects the worker on this machine: stop it.
+    /// False when the server no longer expects the worker on this machine: stop it. Log lines
+    /// the server drops past a bound in bytes are still accepted: nothing is to be sent again.
     pub accepted: bool,
 }
 

@@ -13,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 use crate::api::{self, AppState};
 use crate::auth::Keys;
 use crate::controllers::{drain, janitor, liveness, reseal};
+use crate::domain::log_budget::Limits;
 use crate::scheduler;
 use crate::settings::{ControllerArgs, ServeArgs};
 use crate::store;
@@ -29,7 +30,11 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .with_rate_limit(args.rate_limit_per_token)
         .with_max_in_flight(args.max_requests_in_flight)
         .with_stream_caps(args.max_watches_per_token, args.max_watches)
-        .with_address_rate_limit(args.rate_limit_per_address);
+        .with_address_rate_limit(args.rate_limit_per_address)
+        .with_log_limits(Limits {
+            per_worker: args.max_log_bytes_per_worker,
+            per_workspace: args.max_log_bytes_per_workspace,
+        });
     let stop = CancellationToken::new();
     let loops = start_loops(&app, &args.controllers, &stop);
     tokio::spawn({

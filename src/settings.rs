@@ -86,6 +86,14 @@ pub struct ServeArgs {
     /// Streams (`watch=true`) this server holds open in all; 0 turns the cap off.
     #[arg(long, env = "ASTRAEUS_MAX_WATCHES", default_value_t = crate::api::streams::DEFAULT_PER_REPLICA)]
     pub max_watches: usize,
+    /// Bytes of output one worker keeps (its first); past them, one line says the rest was cut.
+    /// 0 turns the cap off.
+    #[arg(long, env = "ASTRAEUS_MAX_LOG_BYTES_PER_WORKER", default_value_t = crate::domain::log_budget::DEFAULT_PER_WORKER)]
+    pub max_log_bytes_per_worker: u64,
+    /// Bytes of output one workspace's workers keep in all; past them, new lines are dropped
+    /// until runs are deleted. 0 turns the quota off.
+    #[arg(long, env = "ASTRAEUS_MAX_LOG_BYTES_PER_WORKSPACE", default_value_t = crate::domain::log_budget::DEFAULT_PER_WORKSPACE)]
+    pub max_log_bytes_per_workspace: u64,
     /// Also serve `/metrics` here without a token, for Prometheus (on the API it needs an organisation-admin token).
     #[arg(long, env = "ASTRAEUS_METRICS_LISTEN")]
     pub metrics_listen: Option<SocketAddr>,

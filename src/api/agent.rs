@@ -691,7 +691,10 @@ async fn upload_logs(
     if !store::workers::is_on_machine(&mut *tx, id, caller.id).await? {
         return Ok(Json(Ack { accepted: false }));
     }
-    store::logs::append(&mut tx, id, &streams, &lines).await?;
+    // Lines dropped past a bound are still an accepted upload: the agent has nothing to retry.
+    if !store::logs::append(&mut tx, id, &streams, &lines, app.log_limits).await? {
+        return Ok(Json(Ack { accepted: false }));
+    }
     tx.commit().await?;
     Ok(Json(Ack { accepted: true }))
 }

@@ -63,6 +63,8 @@ pub struct AppState {
     pub max_in_flight: usize,
     /// Streams held open, capped per token and per replica.
     pub streams: streams::Streams,
+    /// Bytes of logs kept per worker and per workspace.
+    pub log_limits: crate::domain::log_budget::Limits,
 }
 
 /// Requests a second one token may make, by default.
@@ -81,6 +83,7 @@ impl AppState {
             address_limiter: limit::Limiter::per_address(limit::DEFAULT_PER_ADDRESS),
             max_in_flight: overload::DEFAULT_MAX_IN_FLIGHT,
             streams: streams::Streams::new(streams::DEFAULT_PER_TOKEN, streams::DEFAULT_PER_REPLICA),
+            log_limits: crate::domain::log_budget::Limits::default(),
         }
     }
 
@@ -99,6 +102,12 @@ impl AppState {
     /// Another limit per client address on the routes that need no token; 0 turns it off.
     pub fn with_address_rate_limit(mut self, per_second: u32) -> AppState {
         self.address_limiter = limit::Limiter::per_address(per_second);
+        self
+    }
+
+    /// Other bounds on bytes of logs kept, per worker and per workspace; 0 turns either off.
+    pub fn with_log_limits(mut self, limits: crate::domain::log_budget::Limits) -> AppState {
+        self.log_limits = limits;
         self
     }
 

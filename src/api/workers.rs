@@ -56,6 +56,11 @@ pub struct WorkerStatus {
     pub transports: BTreeMap<String, String>,
     pub started_at: Option<DateTime<Utc>>,
     pub finished_at: Option<DateTime<Utc>>,
+    /// Bytes of output kept: each line and its newline.
+    pub log_bytes: i64,
+    /// Lines of output not kept: the earliest past the last 20,000, and those past the worker's
+    /// cap or its workspace's quota in bytes (a line in the log says when that happened).
+    pub log_dropped: i64,
 }
 
 /// A worker as other objects list it.
@@ -91,6 +96,8 @@ pub fn to_object(namespace: &str, w: WorkerRecord) -> Worker {
             transports: w.transports.0,
             started_at: w.started_at,
             finished_at: w.finished_at,
+            log_bytes: w.log_bytes,
+            log_dropped: w.log_dropped,
         },
     }
 }

@@ -190,6 +190,10 @@ fn worker_text(w: &Value, out: &mut String) -> Vec<Event> {
     field(out, "Exit code", output::or_none(text(&status["exit_code"])));
     field(out, "Started", when(&status["started_at"]));
     field(out, "Finished", when(&status["finished_at"]));
+    // Lines dropped are said in the log itself too: a line starting `[astraeus]`.
+    let dropped = status["log_dropped"].as_i64().unwrap_or(0);
+    let kept = output::bytes(&status["log_bytes"]);
+    field(out, "Logs", if dropped > 0 { format!("{kept} kept, {dropped} lines dropped") } else { kept });
     let mut events = vec![Event::new(
         &w["metadata"]["created_at"],
         "Created",

@@ -4,6 +4,7 @@ pub mod drive;
 pub mod field;
 pub mod grant;
 pub mod image;
+pub mod log_budget;
 pub mod meta;
 pub mod name;
 pub mod path;

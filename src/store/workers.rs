@@ -24,10 +24,14 @@ pub struct WorkerRecord {
     pub created_at: DateTime<Utc>,
     pub started_at: Option<DateTime<Utc>>,
     pub finished_at: Option<DateTime<Utc>>,
+    pub log_bytes: i64,
+    /// Lines not kept: the earliest past the bound in lines, and those past a bound in bytes.
+    pub log_dropped: i64,
 }
 
 const SELECT: &str = "SELECT w.id, w.run_id, r.name AS run_name, w.name, w.index, w.state, w.reason,
-        mc.name AS machine, w.exit_code, w.transports, w.created_at, w.started_at, w.finished_at
+        mc.name AS machine, w.exit_code, w.transports, w.created_at, w.started_at, w.finished_at,
+        w.log_bytes, w.log_dropped + w.log_refused AS log_dropped
     FROM workers w JOIN runs r ON r.id = w.run_id LEFT JOIN machines mc ON mc.id = w.machine_id";
 
 /// A page of the run's workers in index order, from just after index `after`, read along

@@ -8,6 +8,7 @@ mod drives;
 mod grants;
 mod keys;
 mod lifecycle;
+mod logs;
 mod machines;
 mod odd_input;
 mod openapi;

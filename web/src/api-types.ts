@@ -3123,6 +3123,17 @@ export interface components {
             exit_code?: number | null;
             /** Format: date-time */
             finished_at?: string | null;
+            /**
+             * Format: int64
+             * @description Bytes of output kept: each line and its newline.
+             */
+            log_bytes: number;
+            /**
+             * Format: int64
+             * @description Lines of output not kept: the earliest past the last 20,000, and those past the worker's
+             *     cap or its workspace's quota in bytes (a line in the log says when that happened).
+             */
+            log_dropped: number;
             /** @description The machine the worker was placed on. */
             machine?: string | null;
             reason: string;

@@ -160,6 +160,9 @@ export function RunPage({ name, query }: { name: string; query: URLSearchParams 
                             Show logs<span class="sr-only"> of {w.metadata.name}</span>
                           </button>
                         )}
+                        {w.status.log_dropped > 0 ? (
+                          <span class="muted"> ({w.status.log_dropped} lines not kept)</span>
+                        ) : null}
                       </td>
                     </tr>
                   ))}

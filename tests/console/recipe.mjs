@@ -478,6 +478,19 @@ try {
     assert.equal((await api('DELETE', '/runs/sleeper')).status, 204);
   });
 
+  await step('Machines → gpu-01 → Scheduling: cordon it, then take new workers again', async () => {
+    await page.goto(`${BASE}/machines/gpu-01`);
+    const scheduling = page.locator('section', { has: page.getByRole('heading', { name: 'Scheduling' }) });
+    await waitText(scheduling, 'Takes new workers.');
+    await scheduling.getByRole('button', { name: 'Cordon', exact: true }).click();
+    await waitText(scheduling, 'Cordoned: it takes no new workers');
+    assert.equal((await api('GET', '/machines/gpu-01')).body.status.cordoned, true);
+    await shot('17b-machine-cordoned');
+    await scheduling.getByRole('button', { name: 'Take new workers again' }).click();
+    await waitText(scheduling, 'Takes new workers.');
+    assert.equal((await api('GET', '/machines/gpu-01')).body.status.cordoned, false);
+  });
+
   await step('Drives counts the drive’s copies by state', async () => {
     await clickNav('Drives');
     await waitText(page.locator('tr', { hasText: 'food101' }), '1 complete');
@@ -500,7 +513,7 @@ try {
     await row.getByRole('button', { name: 'Yes, revoke ci' }).click();
     await waitText(row, 'Revoked');
     const answer = await fetch(`${BASE}/api/v1/drives`, { headers: { authorization: `Bearer ${token}` } });
-    assert.equal(answer.status, 401, 'a revoked token stops working');
+    assert.equal(answer.status, 401, "a revoked token stops working");
   });
 
   await step('Settings → Clusters → Change → Host paths', async () => {

@@ -44,8 +44,11 @@ pub struct Batch {
     events: Vec<OnceCell<Option<Arc<str>>>>,
     /// Each changed object, as the first stream that needed it rendered it: by kind, workspace
     /// (none for the organisation's machines) and name.
-    objects: Mutex<HashMap<(String, Option<Uuid>, String), Arc<OnceCell<Option<Value>>>>>,
+    objects: Mutex<HashMap<ObjectKey, Arc<OnceCell<Option<Value>>>>>,
 }
+
+/// An object's kind, workspace and name: all that its rendering depends on.
+type ObjectKey = (String, Option<Uuid>, String);
 
 impl Batch {
     fn new(from: i64, changes: Vec<Recorded>) -> Batch {

@@ -202,15 +202,13 @@ impl Watch {
     fn take(&mut self, got: Result<Arc<Batch>, RecvError>) -> bool {
         match got {
             Ok(batch) => {
-                if batch.from > self.after {
-                    self.catch_up = Some(batch.from);
-                }
-                if batch.to > self.after {
-                    self.batch = Some(batch);
-                }
+                let (catch_up, send) = plan(self.after, batch.from, batch.to);
+                self.catch_up = catch_up;
+                self.batch = send.then_some(batch);
                 true
             }
-            // The next batch received is newer than `after`, and so read up to first.
+            // Batches were missed: the next one starts past `after`, so the stream reads up to
+            // it from Postgres before sending it.
             Err(RecvError::Lagged(_)) => {
                 metrics::counter!("astraeus_watch_lagged_total").increment(1);
                 true
@@ -218,6 +216,13 @@ impl Watch {
             Err(RecvError::Closed) => false,
         }
     }
+}
+
+/// What a stream that sent every change up to `after` does with a batch of the changes in
+/// `(from, to]`: first reads the changes up to `from` itself when it is behind the batch (it
+/// started behind the feed or missed batches), then sends the batch unless it had it all.
+fn plan(after: i64, from: i64, to: i64) -> (Option<i64>, bool) {
+    ((from > after).then_some(from), to > after)
 }
 
 enum Woken {
@@ -319,4 +324,25 @@ pub async fn stream(
     let content_type = if sse { "text/event-stream" } else { "application/x-ndjson" };
     let body = Body::from_stream(futures::stream::unfold(watch, next));
     Ok(([(header::CONTENT_TYPE, content_type), (header::CACHE_CONTROL, "no-cache")], body).into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stream_reads_what_it_missed_before_a_batch_and_sends_only_what_it_has_not() {
+        let cases = [
+            // (after, from, to) => (read up to, send)
+            ((10, 10, 20), (None, true)),  // the next batch, as expected
+            ((15, 10, 20), (None, true)),  // ahead of the feed: sends (15, 20] of it
+            ((20, 10, 20), (None, false)), // had it all already
+            ((25, 10, 20), (None, false)),
+            ((5, 10, 20), (Some(10), true)), // behind: reads (5, 10] first
+            ((0, 500, 501), (Some(500), true)),
+        ];
+        for ((after, from, to), want) in cases {
+            assert_eq!(plan(after, from, to), want, "after {after}, batch ({from}, {to}]");
+        }
+    }
 }

@@ -153,6 +153,14 @@ impl Watch {
     /// stream itself.
     async fn catch_up_page(&mut self, upto: i64) -> Result<(), ApiError> {
         let (table, workspace) = (self.kind.table(), self.caller.workspace_id);
+        // A stream that fell behind the retained changes ends; resumed from its last version,
+        // it is answered 410.
+        let compacted = store::changes::compacted(&self.app.db).await?;
+        if self.after < compacted {
+            return Err(ApiError::Gone(format!(
+                "this stream fell behind the retained changes (up to {compacted} were compacted): list again"
+            )));
+        }
         let rows = store::changes::between(&self.app.db, table, workspace, self.after, upto, CHUNK).await?;
         self.app.feed.caught_up();
         for c in &rows {

@@ -5,6 +5,7 @@
 //! reaches every replica, this one included.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -85,8 +86,10 @@ pub struct Hub {
     ends: Mutex<Ends>,
     /// Pending work may now fit somewhere: a new run, freed resources, a machine back.
     pub schedule: Notify,
-    /// A watched object changed (the payload names its kind; watchers re-read their own).
+    /// A watched object changed (the payload names its kind): the feed reads the changes.
     pub changes: Notify,
+    /// Whether the listener holds its connection, listening.
+    listening: AtomicBool,
     /// Credentials checked lately, forgotten when revoked on any replica.
     pub credentials: crate::auth::recent::Recent,
     /// User tokens and machine credentials whose signature was checked lately.
@@ -192,10 +195,16 @@ impl Hub {
     /// what they would have kept true here is read from Postgres again.
     fn missed(&self) {
         self.schedule.notify_one();
+        self.changes.notify_waiters();
         self.beats.forget_all();
         self.credentials.forget_all();
         self.drives.forget_all();
         self.versions.lock().expect("not poisoned").clear();
+    }
+
+    /// Whether notifications are heard now (the listener is connected and listening).
+    pub fn listening(&self) -> bool {
+        self.listening.load(Ordering::Relaxed)
     }
 
     /// Listens until the process ends, reconnecting when the connection drops. While it is
@@ -205,6 +214,7 @@ impl Hub {
             match self.listen_once(&db).await {
                 Ok(()) => return,
                 Err(e) => {
+                    self.listening.store(false, Ordering::Relaxed);
                     tracing::warn!(error = %e, "notification listener lost its connection; retrying");
                     tokio::time::sleep(Duration::from_secs(1)).await;
                 }
@@ -217,6 +227,7 @@ impl Hub {
         listener.listen_all([MACHINE, WORKER, SCHEDULE, CHANGE, REVOKED, REPORT, DRIVE_CHANGED]).await?;
         // Something may have changed while nobody listened.
         self.missed();
+        self.listening.store(true, Ordering::Relaxed);
         loop {
             match listener.try_recv().await? {
                 Some(n) => self.wake(n.channel(), n.payload()),

@@ -20,6 +20,8 @@ pub mod controllers;
 pub mod dev;
 /// Validated types and pure rules, without I/O.
 pub mod domain;
+/// The changes of watched objects, read once per replica and shared by its watch streams.
+pub mod feed;
 /// Wake-ups across replicas (LISTEN/NOTIFY) for the tasks waiting in this process.
 pub mod hub;
 /// Rows kept in memory by key once read from Postgres.

@@ -84,6 +84,8 @@ pub fn start_loops(app: &AppState, c: &ControllerArgs, stop: &CancellationToken)
             _ = listen_stop.cancelled() => {}
         }
     });
+    let (feed, hub, db) = (app.feed.clone(), app.hub.clone(), app.db.clone());
+    set.spawn(feed.run(db, hub, crate::feed::RESYNC, stop.clone()));
     let refill_after = Duration::from_secs(c.refill_after_seconds);
     set.spawn(scheduler::run(app.db.clone(), app.hub.clone(), refill_after, stop.clone()));
     let limiters = (app.limiter.clone(), app.address_limiter.clone());

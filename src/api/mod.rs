@@ -53,6 +53,8 @@ pub struct AppState {
     pub db: PgPool,
     pub keys: Arc<Keys>,
     pub hub: Arc<Hub>,
+    /// The changes of watched objects, shared by the replica's watch streams.
+    pub feed: Arc<crate::feed::Feed>,
     /// The run specs that agents' assignments need, by run id: a run's spec never changes once
     /// the run is made and run ids are never reused, so nothing forgets them but the bound.
     pub run_specs: Arc<crate::kept::Kept<uuid::Uuid, crate::domain::run::RunSpec>>,
@@ -78,6 +80,7 @@ impl AppState {
             db,
             keys,
             hub: Arc::new(Hub::default()),
+            feed: Arc::default(),
             run_specs: Arc::default(),
             limiter: limit::Limiter::per_token(DEFAULT_RATE_LIMIT),
             address_limiter: limit::Limiter::per_address(limit::DEFAULT_PER_ADDRESS),

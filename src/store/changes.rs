@@ -14,22 +14,57 @@ pub struct Change {
     pub at: DateTime<Utc>,
 }
 
-/// Changes to objects of `kind` visible to the workspace, after `version`, oldest first.
-pub async fn after(
+/// A change as the replica's feed reads it: of any watched kind, in any workspace.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct Recorded {
+    pub version: i64,
+    /// The list it belongs to: `runs`, `drives`, `machines` or `secrets`.
+    pub kind: String,
+    /// `None` for objects of the organisation (machines), seen by every workspace.
+    pub workspace_id: Option<Uuid>,
+    pub name: String,
+    /// `ADDED`, `MODIFIED` or `DELETED`.
+    #[sqlx(rename = "type")]
+    pub change: String,
+}
+
+/// Changes to objects of `kinds` after `version`, oldest first, whoever they belong to.
+pub async fn since(
+    db: impl PgExecutor<'_>,
+    kinds: &[&str],
+    version: i64,
+    limit: i64,
+) -> sqlx::Result<Vec<Recorded>> {
+    sqlx::query_as(
+        "SELECT version, kind, workspace_id, name, type FROM changes
+         WHERE version > $1 AND kind = ANY($2) ORDER BY version LIMIT $3",
+    )
+    .bind(version)
+    .bind(kinds)
+    .bind(limit)
+    .fetch_all(db)
+    .await
+}
+
+/// Changes to objects of `kind` visible to the workspace, after `version` and at most `upto`,
+/// oldest first.
+pub async fn between(
     db: impl PgExecutor<'_>,
     kind: &str,
     workspace: Uuid,
     version: i64,
+    upto: i64,
     limit: i64,
 ) -> sqlx::Result<Vec<Change>> {
     sqlx::query_as(
         "SELECT version, name, type, at FROM changes
-         WHERE kind = $1 AND (workspace_id = $2 OR workspace_id IS NULL) AND version > $3
-         ORDER BY version LIMIT $4",
+         WHERE kind = $1 AND (workspace_id = $2 OR workspace_id IS NULL) AND version > $3 AND version <= $4
+         ORDER BY version LIMIT $5",
     )
     .bind(kind)
     .bind(workspace)
     .bind(version)
+    .bind(upto)
     .bind(limit)
     .fetch_all(db)
     .await

@@ -29,6 +29,8 @@ pub struct TestApp {
     pub client: reqwest::Client,
     /// An editor token of workspace `default`.
     pub token: String,
+    /// The server's state, for tests that start its loops or read its counters.
+    pub state: AppState,
 }
 
 /// A response, read whole.
@@ -82,7 +84,8 @@ pub async fn spawn_app_with_keys(
     let keys = Arc::new(Keys::from_pem(&signing_pem).unwrap());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let address = format!("http://{}", listener.local_addr().unwrap());
-    let router = api::router(configure(AppState::new(db.clone(), keys.clone())));
+    let state = configure(AppState::new(db.clone(), keys.clone()));
+    let router = api::router(state.clone());
     let service = router.into_make_service_with_connect_info::<std::net::SocketAddr>();
     tokio::spawn(async move { axum::serve(listener, service).await.unwrap() });
     let mut app = TestApp {
@@ -93,6 +96,7 @@ pub async fn spawn_app_with_keys(
         signing_pem,
         client: reqwest::Client::new(),
         token: String::new(),
+        state,
     };
     app.token = app.token_for("default", Role::Editor, false).await;
     app

@@ -1,8 +1,14 @@
-//! Watch streams: capped per token and per replica, and ended when their token is revoked.
+//! Watch streams: capped per token and per replica, ended when their token is revoked, and fed
+//! by one read of the changes per replica.
+
+use std::time::Duration;
 
 use astraeus::domain::role::Role;
 use futures::StreamExt;
+use futures::stream::BoxStream;
 use reqwest::{Method, Response};
+use serde_json::Value;
+use tokio::task::JoinHandle;
 
 use crate::helpers::*;
 
@@ -77,4 +83,98 @@ async fn a_revoked_tokens_streams_end_and_its_place_is_given_back(db: sqlx::PgPo
     // Another token's stream is untouched by the revocation.
     let other = app.token_for("default", Role::Viewer, false).await;
     assert_eq!(open_watch(&app, &other).await.status(), 200);
+}
+
+/// Starts the replica's notification listener and its feed of changes, as `serve` does, and
+/// waits until notifications are heard. The feed reads only when woken.
+async fn start_feed(app: &TestApp) -> Vec<JoinHandle<()>> {
+    let state = &app.state;
+    let listener = tokio::spawn(state.hub.clone().listen(app.db.clone()));
+    let stop = tokio_util::sync::CancellationToken::new();
+    let never = Duration::from_secs(24 * 3600);
+    let feed = tokio::spawn(state.feed.clone().run(app.db.clone(), state.hub.clone(), never, stop.clone()));
+    while !state.hub.listening() || state.feed.reads() == 0 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    vec![listener, feed]
+}
+
+/// The events of an ndjson stream, one at a time.
+struct Events {
+    body: BoxStream<'static, reqwest::Result<axum::body::Bytes>>,
+    buf: Vec<u8>,
+}
+
+impl Events {
+    fn of(resp: Response) -> Events {
+        assert_eq!(resp.status(), 200);
+        Events { body: resp.bytes_stream().boxed(), buf: Vec::new() }
+    }
+
+    /// The next event; a stream that sends nothing for a minute fails the test.
+    async fn next(&mut self) -> Value {
+        loop {
+            if let Some(end) = self.buf.iter().position(|b| *b == b'\n') {
+                let line: Vec<u8> = self.buf.drain(..=end).collect();
+                return serde_json::from_slice(&line).unwrap();
+            }
+            let chunk = tokio::time::timeout(Duration::from_secs(60), self.body.next())
+                .await
+                .expect("an event within a minute")
+                .expect("the stream stays open")
+                .unwrap();
+            self.buf.extend_from_slice(&chunk);
+        }
+    }
+}
+
+fn run_named(name: &str) -> Value {
+    let mut run = recipe_run();
+    run["metadata"]["name"] = json!(name);
+    run["spec"]["task_template"]["datavolume_refs"] = json!([]);
+    run
+}
+
+fn added(event: &Value) -> (&str, &str) {
+    (event["type"].as_str().unwrap(), event["object"]["metadata"]["name"].as_str().unwrap())
+}
+
+#[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
+async fn a_change_reaches_fifty_watchers_with_one_read_of_the_changes_and_one_of_the_object(
+    db: sqlx::PgPool,
+) {
+    let app = spawn_app_with(db, |s| s.with_stream_caps(0, 0)).await;
+    let tasks = start_feed(&app).await;
+    let feed = app.state.feed.clone();
+    let other = app.token_for("other", Role::Editor, false).await;
+    let mut ours = Vec::new();
+    for _ in 0..50 {
+        ours.push(Events::of(open_watch(&app, &app.token).await));
+    }
+    let mut theirs = Events::of(open_watch(&app, &other).await);
+    let (reads, renders) = (feed.reads(), feed.renders());
+
+    assert_eq!(app.create_run(&run_named("one")).await.status, 201);
+    for events in &mut ours {
+        assert_eq!(added(&events.next().await), ("ADDED", "one"));
+    }
+    // Creating a run wakes the feed twice at most (the run's change and its worker's); with a
+    // read per stream it would be 50 or more.
+    let read = feed.reads() - reads;
+    assert!((1..=2).contains(&read), "{read} reads of the changes for one new run");
+    assert_eq!(feed.renders() - renders, 1, "the run was read once for all 50 streams");
+    assert_eq!(feed.catch_ups(), 0, "no stream read the changes itself");
+
+    // The other workspace's stream was not sent `one`: its first event is its own run, and
+    // ours are not sent that one.
+    let created = app.request(Method::POST, "/runs", Some(&other), Some(&run_named("theirs"))).await;
+    assert_eq!(created.status, 201, "{}", created.text);
+    assert_eq!(added(&theirs.next().await), ("ADDED", "theirs"));
+    assert_eq!(app.create_run(&run_named("two")).await.status, 201);
+    for events in &mut ours {
+        assert_eq!(added(&events.next().await), ("ADDED", "two"));
+    }
+    for task in tasks {
+        task.abort();
+    }
 }

@@ -663,3 +663,28 @@ async fn a_fill_run_named_past_63_characters_can_be_read_and_deleted(pool: PgPoo
     assert_ne!(remade["metadata"]["uid"], failed["metadata"]["uid"]);
     cluster.stop().await;
 }
+
+#[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
+async fn a_fill_that_never_writes_its_marker_fails_its_copy_after_three_fills(pool: PgPool) {
+    let mut cluster = Cluster::start(&pool).await;
+    cluster.add_ready_machine("gpu-01").await;
+    let api = cluster.api.clone();
+    api.create_drive(&placed_drive("food101", 1_000_000, true, "true", 1.0)).await;
+    api.create_run(&run_mounting("reader", "ls -a /data", &["food101"], 1.0)).await;
+
+    let reason = format!(
+        "{WAITING_ON_GPU01}: its fill completed 3 times without writing .astralyx-filled; read its logs: \
+         astra astraeus logs fill-food101-gpu-01-2"
+    );
+    eventually("the reader says why it still waits", || async {
+        let worker = api.worker("reader-0").await;
+        if worker["status"]["reason"] == reason.as_str() { Ok(()) } else { Err(worker.to_string()) }
+    })
+    .await;
+    let drive = api.drive("food101").await;
+    assert_eq!(drive["copies"][0]["state"], "Failed", "{drive}");
+    // Three fills, and no fourth: the copy waits for its fill run to be deleted.
+    assert_eq!(cluster.worker_names("fill-food101-gpu-01").await.len(), 3);
+    assert_eq!(api.run("reader").await["status"]["reason"], reason.as_str());
+    cluster.stop().await;
+}

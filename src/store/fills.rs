@@ -63,6 +63,8 @@ pub struct FillRow {
     pub state: RunState,
     pub last_worker: String,
     pub finished_at: Option<DateTime<Utc>>,
+    /// Its workers that completed since the copy was made, each without the marker.
+    pub fruitless: i64,
 }
 
 /// The fill runs of copies being filled or failed: the only ones the fill controller's plan
@@ -70,7 +72,9 @@ pub struct FillRow {
 pub async fn unsettled(db: impl PgExecutor<'_>) -> sqlx::Result<Vec<FillRow>> {
     sqlx::query_as(
         "SELECT r.id AS run, r.fill_drive_id AS drive, r.fill_machine_id AS machine, r.state,
-             w.name AS last_worker, w.finished_at
+             w.name AS last_worker, w.finished_at,
+             (SELECT count(*) FROM workers f WHERE f.run_id = r.id AND f.state = 'Completed'
+                AND f.finished_at >= c.created_at) AS fruitless
          FROM copies c
          JOIN runs r ON r.fill_drive_id = c.drive_id AND r.fill_machine_id = c.machine_id
          JOIN LATERAL (

@@ -50,6 +50,7 @@ pub async fn tick(db: &PgPool, refill_after: Duration) -> anyhow::Result<(usize,
             state: f.state,
             last_worker: f.last_worker,
             finished_at: f.finished_at,
+            fruitless: f.fruitless,
         })
         .collect();
     let (changes, next) = plan::plan(&waiting, &copies, &fills, Utc::now(), refill_after);
@@ -85,10 +86,16 @@ async fn apply(tx: &mut sqlx::PgConnection, change: &Change) -> anyhow::Result<(
             };
             drive_event(tx, drive, machine, false, "FillRetried", why).await?;
         }
-        Change::FailCopy { drive, machine } => {
+        Change::FailCopy { drive, machine, fruitless } => {
             store::copies::set_state(&mut *tx, drive, machine, "Failed").await?;
-            let why =
-                |m: &str| format!("the fill on {m} failed: read its logs, then delete its run to fill again");
+            let why = |m: &str| match fruitless {
+                false => format!("the fill on {m} failed: read its logs, then delete its run to fill again"),
+                true => format!(
+                    "the fill on {m} completed {} times without writing .astralyx-filled: read its logs, \
+                     then delete its run to fill again",
+                    plan::MAX_FRUITLESS
+                ),
+            };
             drive_event(tx, drive, machine, true, "FillFailed", why).await?;
         }
         Change::RetryCopy { drive, machine } => {

@@ -28,7 +28,13 @@ pub struct Fill {
     /// Its newest worker, and when that worker ended.
     pub last_worker: String,
     pub finished_at: Option<DateTime<Utc>>,
+    /// Its workers that completed since the copy was made: each left the copy without its
+    /// marker.
+    pub fruitless: i64,
 }
+
+/// Fills that complete without the marker, in a row, before the copy fails.
+pub const MAX_FRUITLESS: i64 = 3;
 
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Change {
@@ -38,8 +44,9 @@ pub enum Change {
     CreateFill { drive: Uuid, machine: Uuid },
     /// The fill completed but the copy is still not whole after the interval: fill again.
     Refill { run: Uuid, drive: Uuid, machine: Uuid },
-    /// The fill failed: the copy failed with it, until the fill run is deleted.
-    FailCopy { drive: Uuid, machine: Uuid },
+    /// The fill failed, or completed [`MAX_FRUITLESS`] times without the marker (`fruitless`):
+    /// the copy failed with it, until the fill run is deleted.
+    FailCopy { drive: Uuid, machine: Uuid, fruitless: bool },
     /// The failed fill run was deleted: fill the copy again.
     RetryCopy { drive: Uuid, machine: Uuid },
     /// No worker waits for this partial copy any more: remove it.
@@ -94,8 +101,13 @@ pub fn plan(
                     changes.insert(Change::CreateFill { drive, machine });
                 }
                 Some(f) if f.state == RunState::Failed => {
-                    changes.insert(Change::FailCopy { drive, machine });
+                    changes.insert(Change::FailCopy { drive, machine, fruitless: false });
                 }
+                Some(f) if f.state == RunState::Completed && f.fruitless >= MAX_FRUITLESS => {
+                    changes.insert(Change::FailCopy { drive, machine, fruitless: true });
+                }
+                // Filled again only for a worker that waits for it: each fill holds its cores.
+                Some(f) if f.state == RunState::Completed && waits.is_empty() => {}
                 Some(f) if f.state == RunState::Completed => {
                     let due = f.finished_at.map_or(now, |t| t + refill_after);
                     if due <= now {
@@ -134,16 +146,24 @@ pub fn plan(
     (changes.into_iter().collect(), next)
 }
 
-const FAILED: &str = ": its fill failed";
+/// Where what a failed fill adds to a waiting worker's reason begins.
+const FAILED: &str = ": its fill ";
 
 /// The reason without what a failed fill added to it.
 fn base_reason(w: &Waiting) -> &str {
     w.reason.split(FAILED).next().unwrap_or(&w.reason)
 }
 
-/// Points a waiting worker at the logs of the fill that failed.
+/// Points a waiting worker at the logs of the fill that failed, or that kept completing
+/// without the marker.
 fn failed_reason(w: &Waiting, f: &Fill) -> String {
-    format!("{}{FAILED}, read its logs: astra astraeus logs {}", base_reason(w), f.last_worker)
+    let what = match f.state {
+        RunState::Completed => {
+            format!("completed {MAX_FRUITLESS} times without writing .astralyx-filled; read its logs")
+        }
+        _ => "failed, read its logs".to_owned(),
+    };
+    format!("{}{FAILED}{what}: astra astraeus logs {}", base_reason(w), f.last_worker)
 }
 
 /// The changes one transaction applies: every release (they start waiting workers and are
@@ -223,6 +243,7 @@ mod tests {
             state,
             last_worker: "fill-food101-gpu-01-0".into(),
             finished_at: ended_minutes_ago.map(|m| now() - chrono::Duration::minutes(m)),
+            fruitless: i64::from(state == RunState::Completed),
         }
     }
 
@@ -276,7 +297,7 @@ mod tests {
     #[test]
     fn a_failed_fill_stays_failed_and_points_at_its_logs_until_deleted() {
         let (changes, _) = run(&[waiting()], Some(CopyState::Filling), &[fill(RunState::Failed, Some(1))]);
-        assert_eq!(changes, vec![Change::FailCopy { drive: id(1), machine: id(2) }]);
+        assert_eq!(changes, vec![Change::FailCopy { drive: id(1), machine: id(2), fruitless: false }]);
         let (changes, _) = run(&[waiting()], Some(CopyState::Failed), &[fill(RunState::Failed, Some(1))]);
         let reason = "Waiting for drive default.food101 to be filled on gpu-01: its fill failed, \
                       read its logs: astra astraeus logs fill-food101-gpu-01-0";
@@ -291,6 +312,20 @@ mod tests {
                 Change::Reason { worker: id(9), reason: waiting().reason },
             ]
         );
+    }
+
+    #[test]
+    fn a_fill_that_keeps_completing_without_its_marker_stops_after_three_and_only_refills_for_a_waiter() {
+        let third = Fill { fruitless: 3, ..fill(RunState::Completed, Some(60)) };
+        let (changes, _) = run(&[waiting()], Some(CopyState::Filling), std::slice::from_ref(&third));
+        assert_eq!(changes, vec![Change::FailCopy { drive: id(1), machine: id(2), fruitless: true }]);
+        let (changes, _) = run(&[waiting()], Some(CopyState::Failed), &[third]);
+        let reason = "Waiting for drive default.food101 to be filled on gpu-01: its fill completed 3 times \
+                      without writing .astralyx-filled; read its logs: astra astraeus logs fill-food101-gpu-01-0";
+        assert_eq!(changes, vec![Change::Reason { worker: id(9), reason: reason.into() }]);
+        // Nobody waits any more: no refill, however long ago it ended.
+        let (changes, next) = run(&[], Some(CopyState::Filling), &[fill(RunState::Completed, Some(60))]);
+        assert_eq!((changes, next), (vec![], None));
     }
 
     #[test]

@@ -596,3 +596,63 @@ async fn a_deleted_machines_agent_stops_its_workers_and_comes_back_only_with_a_j
     let back = api.wait_machine("gpu-01", "Ready").await;
     assert_eq!(back["status"]["data_location"]["confirmed"], false, "a new machine: {back}");
 }
+
+/// The recipe's S3 variation: a fill gets its template's `env` and the variables of its
+/// `secret_refs`; no answer of the API and no log holds the secret's value.
+#[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
+async fn a_fill_gets_its_env_and_secrets_and_nothing_shows_the_secrets_value(pool: PgPool) {
+    const VALUE: &str = "aws-s3cr3t-456";
+    let cluster = Cluster::start(&pool).await;
+    let api = &cluster.api;
+    let mut seen = Vec::new();
+    let body = json!({"metadata": {"name": "s3"}, "data": {"AWS_SECRET_ACCESS_KEY": VALUE}});
+    let created = api.post("/secrets", &body).await;
+    assert_eq!(created.status, StatusCode::CREATED, "{}", created.text);
+    seen.push(created);
+    // The value is compared in two quoted halves, so the drive's spec does not hold it.
+    let fill = "set -e; echo \"home=$HF_HOME\"; test \"$AWS_SECRET_ACCESS_KEY\" = 'aws-s3''cr3t-456'; \
+                echo secret-ok; mkdir -p /drive/ds; echo from-s3 > /drive/ds/file; touch /drive/.astralyx-filled";
+    let drive = json!({
+        "metadata": {"name": "from-s3"},
+        "spec": {
+            "sources": [{"node_scope": "placed", "path": "", "mount_path": "/data", "mode": "ReadOnly"}],
+            "size_hint_bytes": 1_000_000,
+            "fill": {"template": {
+                "image": "busybox:1.36", "command": "sh", "args": ["-c", fill],
+                "env": {"HF_HOME": "/tmp/hf"},
+                "secret_refs": [{"name": "s3"}],
+                "requested_resources": {"cpu_cores": 1, "memory_bytes": 268435456}
+            }}
+        }
+    });
+    let made = api.post("/drives", &drive).await;
+    assert_eq!(made.status, StatusCode::CREATED, "{}", made.text);
+    seen.push(made);
+    api.create_run(&run_mounting("reader", "cat /data/ds/file", json!([{"name": "from-s3"}]))).await;
+
+    let reader = api.wait_run_ended("reader").await;
+    assert_eq!(reader["status"]["state"], "Completed", "{reader}");
+    assert_eq!(api.logs("reader-0").await, "from-s3\n");
+    assert_eq!(api.logs("fill-from-s3-gpu-01-0").await, "home=/tmp/hf\nsecret-ok\n");
+    for path in [
+        "/drives/from-s3",
+        "/drives",
+        "/runs/fill-from-s3-gpu-01",
+        "/runs?all=true",
+        "/workers/fill-from-s3-gpu-01-0",
+        "/workers/fill-from-s3-gpu-01-0/logs",
+        "/secrets/s3",
+    ] {
+        let reply = api.get(path).await;
+        assert_eq!(reply.status, StatusCode::OK, "{path}: {}", reply.text);
+        seen.push(reply);
+    }
+    for reply in &seen {
+        assert!(!reply.text.contains(VALUE), "a response holds the secret: {}", reply.text);
+    }
+    for proc in std::iter::once(&cluster.server).chain([&cluster.agents[0].proc]) {
+        let leaks: Vec<String> =
+            proc.log_text().lines().filter(|l| l.contains(VALUE)).map(str::to_owned).collect();
+        assert!(leaks.is_empty(), "{}'s log holds the secret: {leaks:?}", proc.name);
+    }
+}

@@ -53,12 +53,13 @@ pub struct Beats {
 }
 
 /// A report's copies, order aside: the agent lists them as its disk does.
-pub fn digest(copies: &[CopyReport]) -> u64 {
+pub fn digest(copies: &[CopyReport], reserve_bytes: i64) -> u64 {
     let mut sorted: Vec<(&str, u64, bool)> =
         copies.iter().map(|c| (c.drive.as_str(), c.bytes, c.complete)).collect();
     sorted.sort_unstable();
     let mut h = std::collections::hash_map::DefaultHasher::new();
     sorted.hash(&mut h);
+    reserve_bytes.hash(&mut h);
     h.finish()
 }
 
@@ -172,10 +173,11 @@ mod tests {
     fn a_digest_ignores_order_and_sees_bytes_and_completeness() {
         let a = [copy("ws.a", 1, true), copy("ws.b", 2, false)];
         let b = [copy("ws.b", 2, false), copy("ws.a", 1, true)];
-        assert_eq!(digest(&a), digest(&b));
-        assert_ne!(digest(&a), digest(&[copy("ws.a", 1, true), copy("ws.b", 3, false)]));
-        assert_ne!(digest(&a), digest(&[copy("ws.a", 1, true), copy("ws.b", 2, true)]));
-        assert_ne!(digest(&a), digest(&a[..1]));
+        assert_eq!(digest(&a, 0), digest(&b, 0));
+        assert_ne!(digest(&a, 0), digest(&[copy("ws.a", 1, true), copy("ws.b", 3, false)], 0));
+        assert_ne!(digest(&a, 0), digest(&[copy("ws.a", 1, true), copy("ws.b", 2, true)], 0));
+        assert_ne!(digest(&a, 0), digest(&a[..1], 0));
+        assert_ne!(digest(&a, 0), digest(&a, 1 << 30), "a new reserve is a change to reconcile");
     }
 
     #[test]

@@ -71,6 +71,10 @@ pub struct DataUsage {
     pub total_bytes: u64,
     pub used_bytes: u64,
     pub free_bytes: u64,
+    /// Free space the agent keeps on the disk (`--data-reserve-bytes`): below it, the server
+    /// evicts unused copies.
+    #[serde(default)]
+    pub reserve_bytes: u64,
 }
 
 /// A copy as the agent finds it on disk.

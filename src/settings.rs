@@ -186,6 +186,10 @@ pub struct MachineArgs {
     /// Seconds between heartbeats.
     #[arg(long, default_value_t = 5)]
     pub heartbeat_interval_seconds: u64,
+    /// Free space to keep on the data location's disk: below it, unused copies are evicted,
+    /// least recently used first (0: none).
+    #[arg(long, default_value_t = 0)]
+    pub data_reserve_bytes: u64,
 }
 
 #[derive(Debug, Args)]

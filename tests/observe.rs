@@ -271,7 +271,12 @@ async fn a_heartbeat_batch_skips_a_machine_held_elsewhere_and_writes_it_with_the
         }
     };
     let beats = astraeus::beats::Beats::default();
-    let usage = astraeus::store::machines::Usage { total_bytes: 1000, used_bytes: 123, free_bytes: 877 };
+    let usage = astraeus::store::machines::Usage {
+        total_bytes: 1000,
+        used_bytes: 123,
+        free_bytes: 877,
+        reserve_bytes: 0,
+    };
     beats.record(held, &usage);
     beats.record(free, &usage);
 
@@ -309,7 +314,12 @@ async fn an_unchanged_heartbeat_does_not_wait_for_a_pass_holding_its_machine(poo
             .await
             .unwrap()
     };
-    let usage = astraeus::store::machines::Usage { total_bytes: 1000, used_bytes: 123, free_bytes: 877 };
+    let usage = astraeus::store::machines::Usage {
+        total_bytes: 1000,
+        used_bytes: 123,
+        free_bytes: 877,
+        reserve_bytes: 0,
+    };
     let beat = |usage: astraeus::store::machines::Usage| {
         let pool = pool.clone();
         async move {
@@ -369,7 +379,12 @@ async fn heartbeats_do_not_wait_for_a_transaction_that_only_made_something_on_th
     .await
     .unwrap();
 
-    let usage = astraeus::store::machines::Usage { total_bytes: 1000, used_bytes: 123, free_bytes: 877 };
+    let usage = astraeus::store::machines::Usage {
+        total_bytes: 1000,
+        used_bytes: 123,
+        free_bytes: 877,
+        reserve_bytes: 0,
+    };
     let wait = Duration::from_secs(10);
     let beat = tokio::time::timeout(wait, astraeus::store::machines::heartbeat(&pool, machine, &usage))
         .await

@@ -688,3 +688,46 @@ async fn a_fill_that_never_writes_its_marker_fails_its_copy_after_three_fills(po
     assert_eq!(api.run("reader").await["status"]["reason"], reason.as_str());
     cluster.stop().await;
 }
+
+#[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
+async fn a_data_location_over_its_limit_evicts_its_least_recently_used_copy(pool: PgPool) {
+    const COPY: i64 = 100_000;
+    let fill = "set -e; head -c 100000 /dev/urandom > /drive/blob; touch /drive/.astralyx-filled";
+    let mut cluster = Cluster::start(&pool).await;
+    cluster.add_machine("gpu-01").await;
+    cluster.confirm("gpu-01", Some(3 * COPY)).await;
+    let api = cluster.api.clone();
+    for name in ["older", "newer"] {
+        api.create_drive(&placed_drive(name, COPY as u64, true, fill, 0.5)).await;
+        let run = format!("use-{name}");
+        api.create_run(&run_mounting(&run, "cat /data/blob > /dev/null", &[name], 0.1)).await;
+        api.wait_completed(&run).await;
+    }
+    // An organisation admin narrows the location to 150 kB: 50 kB over, so the copy used least
+    // recently goes, and only it.
+    cluster.confirm("gpu-01", Some(COPY + COPY / 2)).await;
+    let gpu01 = cluster.machine("gpu-01");
+    eventually("the least recently used copy's folder is deleted", || async {
+        let dir = gpu01.copy_dir("default.older");
+        if dir.exists() { Err(format!("{} still exists", dir.display())) } else { Ok(()) }
+    })
+    .await;
+    assert!(gpu01.copy_dir("default.newer").join(".astralyx-filled").exists());
+    assert_eq!(api.drive("newer").await["copies"][0]["complete"], true);
+    let why = "its data location held 50.0 kB over its limit of 150.0 kB";
+    let events = api.get("/events?object=drive/older").await.expect(StatusCode::OK);
+    let evicted = events["items"].as_array().unwrap().iter().find(|e| e["reason"] == "Evicted");
+    assert_eq!(
+        evicted.map(|e| e["message"].clone()),
+        Some(json!(format!("copy on gpu-01 evicted: {why}"))),
+        "{events}"
+    );
+    let events = api.get("/events?object=machine/gpu-01").await.expect(StatusCode::OK);
+    let evicted = events["items"].as_array().unwrap().iter().find(|e| e["reason"] == "Evicted");
+    assert_eq!(
+        evicted.map(|e| e["message"].clone()),
+        Some(json!(format!("1 copies evicted: {why}"))),
+        "{events}"
+    );
+    cluster.stop().await;
+}

@@ -30,7 +30,7 @@ pub fn report(dir: &Path, sizes: &Sizes) -> HeartbeatRequest {
         Err(_) => (0, 0),
     };
     HeartbeatRequest {
-        data_location: DataUsage { total_bytes, used_bytes, free_bytes },
+        data_location: DataUsage { total_bytes, used_bytes, free_bytes, reserve_bytes: 0 },
         copies,
         images: None,
     }

@@ -39,6 +39,8 @@ pub struct Config {
     /// The folder the agent proposes as its data location.
     pub data_location: PathBuf,
     pub heartbeat_interval: Duration,
+    /// Free space to keep on the data location's disk, as heartbeats report it.
+    pub data_reserve_bytes: u64,
     pub runtime: podman::Config,
 }
 
@@ -140,6 +142,7 @@ impl Config {
             join,
             data_location: std::path::absolute(&args.data_location)?,
             heartbeat_interval: Duration::from_secs(args.machine.heartbeat_interval_seconds.max(1)),
+            data_reserve_bytes: args.machine.data_reserve_bytes,
             runtime: podman::Config::from_args(&args.runtime)?,
         })
     }
@@ -231,6 +234,7 @@ async fn heartbeat_loop(
         let (dir, known) = (location(&config, &shared), sizes.clone());
         let mut report =
             tokio::task::spawn_blocking(move || disk::report(&dir, &known)).await.unwrap_or_default();
+        report.data_location.reserve_bytes = config.data_reserve_bytes;
         if let Some(list) = machine.images.latest()
             && told.as_ref() != Some(&list)
         {

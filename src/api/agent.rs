@@ -203,13 +203,14 @@ async fn heartbeat(
         total_bytes: clamp(req.data_location.total_bytes),
         used_bytes: clamp(req.data_location.used_bytes),
         free_bytes: clamp(req.data_location.free_bytes),
+        reserve_bytes: clamp(req.data_location.reserve_bytes),
     };
     metrics::counter!("astraeus_heartbeats_total").increment(1);
     if let Some(images) = &req.images {
         check_images(images)?;
         store::machines::set_images(&app.db, caller.id, images).await?;
     }
-    let digest = beats::digest(&req.copies);
+    let digest = beats::digest(&req.copies, usage.reserve_bytes);
     if let Some(known) = app.hub.beats.known(caller.id, digest) {
         app.hub.beats.record(caller.id, &usage);
         return Ok(Json(HeartbeatResponse {

@@ -258,6 +258,7 @@ impl Fleet {
                 total_bytes: DISK_BYTES,
                 used_bytes: used,
                 free_bytes: DISK_BYTES - used,
+                reserve_bytes: 0,
             },
             copies,
             images: None,

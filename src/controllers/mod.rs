@@ -4,4 +4,5 @@ pub mod drain;
 pub mod fill;
 pub mod janitor;
 pub mod liveness;
+pub mod pressure;
 pub mod reseal;

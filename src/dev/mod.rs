@@ -112,6 +112,7 @@ async fn serve(args: &DevArgs, url: &str, interrupted: &CancellationToken) -> an
             join: agent::host::join_request(&name, &join_token, &data, &args.machine)?,
             data_location: data,
             heartbeat_interval: Duration::from_secs(args.machine.heartbeat_interval_seconds.max(1)),
+            data_reserve_bytes: args.machine.data_reserve_bytes,
             runtime: runtime.clone(),
         };
         let stop = stop.clone();

@@ -114,8 +114,15 @@ pub async fn on_machine_for_eviction(
     db: impl PgExecutor<'_>,
     machine: Uuid,
 ) -> sqlx::Result<Vec<EvictionCopy>> {
+    // A copy was last used when a worker that mounted it last started or ended there: a
+    // three-day job that ended an hour ago used its copy an hour ago. Read only for the copies
+    // eviction may take, and only when something is evicted.
     sqlx::query_as(&format!(
-        "SELECT c.drive_id, c.machine_id, c.state, c.bytes, c.size_hint, c.evictable, c.last_used_at,
+        "SELECT c.drive_id, c.machine_id, c.state, c.bytes, c.size_hint, c.evictable,
+            CASE WHEN c.evictable AND c.state = 'Complete' THEN GREATEST(c.last_used_at, (
+                SELECT max(w.finished_at) FROM run_mounts rm JOIN workers w ON w.run_id = rm.run_id
+                WHERE rm.drive_id = c.drive_id AND w.machine_id = c.machine_id))
+            ELSE c.last_used_at END AS last_used_at,
             u.machine_id IS NOT NULL AS in_use
          FROM copies c LEFT JOIN ({}) u ON u.machine_id = c.machine_id AND u.drive_id = c.drive_id
          WHERE c.machine_id = $1",
@@ -366,4 +373,32 @@ pub async fn ensure_for(db: impl PgExecutor<'_>, drive: Uuid, machine: Uuid) -> 
     .execute(db)
     .await
     .map(drop)
+}
+
+/// A machine whose confirmed data location holds more than its limit allows, or whose disk has
+/// less free than the reserve its agent reports.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct Pressed {
+    pub machine_id: Uuid,
+    pub name: String,
+    /// What its copies hold.
+    pub bytes: i64,
+    pub limit_bytes: Option<i64>,
+    pub free_bytes: i64,
+    pub reserve_bytes: i64,
+}
+
+pub async fn under_pressure(db: impl PgExecutor<'_>) -> sqlx::Result<Vec<Pressed>> {
+    sqlx::query_as(
+        "SELECT m.id AS machine_id, m.name, COALESCE(c.bytes, 0)::bigint AS bytes, m.data_limit_bytes AS limit_bytes,
+             m.data_free_bytes AS free_bytes, m.data_reserve_bytes AS reserve_bytes
+         FROM machines m
+         LEFT JOIN (SELECT machine_id, sum(bytes) AS bytes FROM copies WHERE state <> 'Evicting' GROUP BY machine_id) c
+             ON c.machine_id = m.id
+         WHERE m.data_path IS NOT NULL AND m.state = 'Ready'
+           AND ((m.data_limit_bytes IS NOT NULL AND COALESCE(c.bytes, 0) > m.data_limit_bytes)
+                OR (m.data_total_bytes > 0 AND m.data_free_bytes < m.data_reserve_bytes))",
+    )
+    .fetch_all(db)
+    .await
 }

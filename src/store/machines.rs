@@ -102,6 +102,9 @@ pub struct Usage {
     pub total_bytes: i64,
     pub used_bytes: i64,
     pub free_bytes: i64,
+    /// Written by the statements that reconcile a heartbeat, not by the batches of heartbeats
+    /// answered from memory: a change of it is a change of the heartbeat's digest.
+    pub reserve_bytes: i64,
 }
 
 #[derive(Debug, sqlx::FromRow)]
@@ -119,7 +122,7 @@ pub struct Beat {
 pub async fn heartbeat(db: impl PgExecutor<'_>, machine: Uuid, usage: &Usage) -> sqlx::Result<Option<Beat>> {
     sqlx::query_as(&format!(
         "UPDATE machines SET last_heartbeat_at = now(), state = 'Ready',
-             data_total_bytes = $2, data_used_bytes = $3, data_free_bytes = $4
+             data_total_bytes = $2, data_used_bytes = $3, data_free_bytes = $4, data_reserve_bytes = $5
          FROM (SELECT id AS old_id, state AS old_state FROM machines WHERE id = $1 FOR NO KEY UPDATE) old
          WHERE id = old.old_id
          RETURNING {COLUMNS}, old.old_state"
@@ -128,6 +131,7 @@ pub async fn heartbeat(db: impl PgExecutor<'_>, machine: Uuid, usage: &Usage) ->
     .bind(usage.total_bytes)
     .bind(usage.used_bytes)
     .bind(usage.free_bytes)
+    .bind(usage.reserve_bytes)
     .fetch_optional(db)
     .await
 }
@@ -162,7 +166,7 @@ pub async fn beat_if_unchanged(
                   FOR NO KEY UPDATE SKIP LOCKED),
          written AS (
              UPDATE machines m SET last_heartbeat_at = now(),
-                 data_total_bytes = $2, data_used_bytes = $3, data_free_bytes = $4
+                 data_total_bytes = $2, data_used_bytes = $3, data_free_bytes = $4, data_reserve_bytes = $8
              FROM free WHERE m.id = free.id
              RETURNING m.id)
          SELECT m.data_path, m.data_limit_bytes, EXISTS (SELECT 1 FROM written) AS written
@@ -175,6 +179,7 @@ pub async fn beat_if_unchanged(
     .bind(folders)
     .bind(bytes)
     .bind(complete)
+    .bind(usage.reserve_bytes)
     .fetch_optional(db)
     .await
 }

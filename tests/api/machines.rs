@@ -174,3 +174,35 @@ async fn machines_are_listed_in_pages_by_cluster_then_name(db: sqlx::PgPool) {
     assert_eq!(stale.status, 410, "{}", stale.text);
     assert_eq!(app.get("/machines?limit=1001").await.status, 400);
 }
+
+#[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
+async fn a_disk_under_the_reserve_its_agent_reports_is_under_pressure(db: sqlx::PgPool) {
+    let app = spawn_app(db).await;
+    let credential = app.join_machine("gpu-01", 1).await;
+    let admin = app.token_for("default", Role::Admin, true).await;
+    let confirm = json!({"path": "/var/lib/astraeus"});
+    let reply =
+        app.request(Method::POST, "/machines/gpu-01/data-location", Some(&admin), Some(&confirm)).await;
+    assert_eq!(reply.status, 200, "{}", reply.text);
+    let beat = |reserve: u64| {
+        let (app, credential) = (&app, &credential);
+        async move {
+            let body = json!({"data_location": {
+                "total_bytes": 10_000_000_000u64, "used_bytes": 0, "free_bytes": 1_000_000_000u64,
+                "reserve_bytes": reserve,
+            }});
+            let url = format!("{}/agent/v1/heartbeat", app.address);
+            let sent = app.client.post(url).bearer_auth(credential).json(&body).send().await.unwrap();
+            assert_eq!(sent.status(), 200);
+        }
+    };
+    beat(0).await;
+    assert!(astraeus::store::copies::under_pressure(&app.db).await.unwrap().is_empty());
+    // The same report with a reserve is reconciled, not answered from memory.
+    beat(3_000_000_000).await;
+    let pressed = astraeus::store::copies::under_pressure(&app.db).await.unwrap();
+    assert_eq!(pressed.len(), 1, "{pressed:?}");
+    let (need, why) = astraeus::controllers::pressure::excess(&pressed[0]).unwrap();
+    assert_eq!(need, 2_000_000_000);
+    assert_eq!(why, "its disk had 1.0 GB free, under its reserve of 3.0 GB");
+}

@@ -378,12 +378,14 @@ impl Cluster {
             pool: "default".into(),
             transports: vec![],
             heartbeat_interval_seconds: 1,
+            data_reserve_bytes: 0,
         };
         let config = agent::Config {
             server: self.replicas[0].base.clone(),
             join: agent::host::join_request(name, &self.join_token, data.path(), &args).unwrap(),
             data_location: data.path().to_path_buf(),
             heartbeat_interval: Duration::from_secs(1),
+            data_reserve_bytes: 0,
             runtime: runtime(),
         };
         let stop = self.stop.child_token();

@@ -108,14 +108,12 @@ pub fn summarize(workers: &[WorkerSummary]) -> (RunState, String) {
     (RunState::Pending, waiting(workers))
 }
 
-/// Why the first waiting worker waits (`Choose where to keep data on gpu-01`), with how many
-/// share that reason when the others wait for something else (`… (3 of 4 workers)`).
+/// Why the first worker not yet placed waits (`Choose where to keep data on gpu-01`), with how
+/// many share that reason when the others wait for something else (`… (3 of 4 workers)`).
+/// Workers placed and preparing (a fill, an image) leave the recipe's `Waiting for workers to
+/// start`: their own reasons say what they wait for.
 fn waiting(workers: &[WorkerSummary]) -> String {
-    let reasons: Vec<&str> = workers
-        .iter()
-        .filter(|w| matches!(w.1, WorkerState::Pending | WorkerState::Preparing))
-        .map(|w| w.2)
-        .collect();
+    let reasons: Vec<&str> = workers.iter().filter(|w| w.1 == WorkerState::Pending).map(|w| w.2).collect();
     let Some(first) = reasons.first().filter(|r| !r.is_empty()) else {
         return "Waiting for workers to start".into();
     };
@@ -133,15 +131,20 @@ mod tests {
     #[test]
     fn a_waiting_run_says_why_its_first_worker_waits_with_a_count_when_others_differ() {
         let choose = "Choose where to keep data on gpu-01";
-        let cases: [(&[(WorkerState, &str)], &str); 5] = [
+        let cases: [(&[(WorkerState, &str)], &str); 6] = [
             (&[(Pending, choose), (Pending, choose)], choose),
             (
                 &[(Pending, choose), (Pending, choose), (Pending, choose), (Preparing, "Starting on gpu-02")],
                 "Choose where to keep data on gpu-01 (3 of 4 workers)",
             ),
+            // The recipe's step 3: placed, waiting for the fill.
             (
-                &[(Preparing, "Waiting for drive default.food101 to be filled on gpu-01"), (Pending, "")],
-                "Waiting for drive default.food101 to be filled on gpu-01 (1 of 2 workers)",
+                &[(Preparing, "Waiting for drive default.food101 to be filled on gpu-01")],
+                "Waiting for workers to start",
+            ),
+            (
+                &[(Preparing, "Waiting for drive default.food101 to be filled on gpu-01"), (Pending, choose)],
+                "Choose where to keep data on gpu-01 (1 of 2 workers)",
             ),
             (&[(Pending, ""), (Pending, choose)], "Waiting for workers to start"),
             (&[], "Waiting for workers to start"),

@@ -500,7 +500,8 @@ async fn a_waiting_run_says_why_its_first_worker_waits_with_a_count_when_its_wor
     // The recipe's troubleshooting row, word for word.
     assert_eq!(run["status"]["reason"], "Choose where to keep data on gpu-01", "{run}");
 
-    // Once the data location is confirmed, each worker waits for the fill instead.
+    // Once the data location is confirmed, two are placed (and wait for the fill, saying so
+    // themselves) and the two left wait for cpu.
     let admin = app.token_for("default", astraeus::domain::role::Role::Admin, true).await;
     let confirm = json!({"path": "/var/lib/astraeus"});
     let reply = app
@@ -512,8 +513,5 @@ async fn a_waiting_run_says_why_its_first_worker_waits_with_a_count_when_its_wor
     sqlx::query(room).execute(&app.db).await.unwrap();
     assert_eq!(astraeus::scheduler::tick(&app.db).await.unwrap(), 2);
     let run = app.get_run("inspect-food101").await.json();
-    assert_eq!(
-        run["status"]["reason"], "Waiting for drive default.food101 to be filled on gpu-01 (2 of 4 workers)",
-        "{run}"
-    );
+    assert_eq!(run["status"]["reason"], "Insufficient cpu (0 of 1 cores free) (2 of 4 workers)", "{run}");
 }

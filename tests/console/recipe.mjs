@@ -488,7 +488,14 @@ try {
     await shot('17b-machine-cordoned');
     await scheduling.getByRole('button', { name: 'Take new workers again' }).click();
     await waitText(scheduling, 'Takes new workers.');
-    assert.equal((await api('GET', '/machines/gpu-01')).body.status.cordoned, false);
+    const m = (await api('GET', '/machines/gpu-01')).body;
+    const ev = (await api('GET', '/machines?limit=1000')).body.items.map((x) => [x.metadata.name, x.spec.cluster, x.status.cordoned, x.metadata.uid]);
+    const again = [];
+    for (let i = 0; i < 4; i++) again.push((await api('GET', '/machines/gpu-01')).body.status.cordoned);
+    await new Promise((r) => setTimeout(r, 3000));
+    for (let i = 0; i < 2; i++) again.push((await api('GET', '/machines/gpu-01')).body.status.cordoned);
+    ev.push(again);
+    assert.equal(m.status.cordoned, false, JSON.stringify([m.status, ev, await scheduling.innerText()]));
   });
 
   await step('Drives counts the drive’s copies by state', async () => {

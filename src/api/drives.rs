@@ -24,6 +24,7 @@ use super::{
 use crate::domain::drive::{DriveSpec, Location, full_name};
 use crate::domain::grant::{self, Refused};
 use crate::domain::meta::MetaInput;
+use crate::domain::progress::{Progress, progress};
 use crate::domain::role::Role;
 use crate::domain::{Name, Problems};
 use crate::hub;
@@ -105,6 +106,9 @@ pub struct Copy {
     /// `Filling`, `Complete` or `Failed`.
     pub state: String,
     pub last_used_at: Option<DateTime<Utc>>,
+    /// How far the fill has got; only while the copy is `Filling`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub progress: Option<Progress>,
 }
 
 fn to_copy(full: &str, c: &CopyRecord) -> Copy {
@@ -115,6 +119,7 @@ fn to_copy(full: &str, c: &CopyRecord) -> Copy {
         complete: c.state == "Complete",
         state: c.state.clone(),
         last_used_at: c.last_used_at,
+        progress: (c.state == "Filling").then(|| progress(&c.fill.with_bytes(c.bytes), Utc::now())),
     }
 }
 

@@ -24,6 +24,7 @@ use crate::auth::machine::new_join_token;
 use crate::domain::Name;
 use crate::domain::drive::full_name;
 use crate::domain::path::AbsPath;
+use crate::domain::progress::{Progress, progress};
 use crate::domain::quantity::CpuCores;
 use crate::hub;
 use crate::protocol::ImageReport;
@@ -75,6 +76,9 @@ pub struct MachineCopy {
     /// `Filling`, `Complete` or `Failed`.
     pub state: String,
     pub last_used_at: Option<DateTime<Utc>>,
+    /// How far the fill has got; only while the copy is `Filling`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub progress: Option<Progress>,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -181,8 +185,9 @@ fn to_copy(workspace: &str, data_path: &str, c: MachineCopyRecord) -> MachineCop
         folder: format!("{data_path}/drives/{}", full_name(workspace, &c.drive)),
         drive: c.drive,
         bytes: c.bytes.max(0) as u64,
-        size_hint_bytes: c.size_hint.max(0) as u64,
+        size_hint_bytes: c.fill.size_hint.max(0) as u64,
         complete: c.state == "Complete",
+        progress: (c.state == "Filling").then(|| progress(&c.fill.with_bytes(c.bytes), Utc::now())),
         state: c.state,
         last_used_at: c.last_used_at,
     }

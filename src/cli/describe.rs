@@ -204,19 +204,29 @@ fn worker_text(w: &Value, out: &mut String) -> Vec<Event> {
     events
 }
 
-/// `[#####-----]  52%` on a terminal, `52%` elsewhere, for a copy being filled.
-fn progress(copy: &Value, hint: Option<u64>) -> String {
-    match (text(&copy["state"]).as_str(), hint) {
-        ("Complete", _) => "complete".into(),
-        ("Filling", Some(total)) if total > 0 => {
-            let done = copy["bytes"].as_u64().unwrap_or(0);
-            if output::tty() {
-                output::bar(done, total, 20)
-            } else {
-                format!("{}%", output::percent(done, total))
+/// `[#####-----]  52% 100.0 MB/s, 30s left` on a terminal, `52% 100.0 MB/s, 30s left`
+/// elsewhere, for a copy being filled: its `progress` as the server measured it, or its bytes
+/// against `hint` from a server that does not measure it.
+fn progress(copy: &Value, hint: Option<u64>, tty: bool) -> String {
+    let p = &copy["progress"];
+    let total = p["size_hint_bytes"].as_u64().or(hint).unwrap_or(0);
+    match text(&copy["state"]).as_str() {
+        "Complete" => "complete".into(),
+        "Filling" if total > 0 => {
+            let done = p["bytes"].as_u64().or(copy["bytes"].as_u64()).unwrap_or(0);
+            let mut shown = match tty {
+                true => output::bar(done, total, 20),
+                false => format!("{}%", output::percent(done, total)),
+            };
+            if !p["bytes_per_second"].is_null() {
+                shown.push_str(&format!(" {}/s", bytes(&p["bytes_per_second"])));
             }
+            if let Some(left) = p["eta_seconds"].as_u64() {
+                shown.push_str(&format!(", {} left", output::span(left)));
+            }
+            shown
         }
-        (state, _) => state.to_lowercase(),
+        state => state.to_lowercase(),
     }
 }
 
@@ -279,7 +289,7 @@ async fn drive_text(client: &Client, drive: &Value, out: &mut String) -> Result<
             text(&c["node"]).into(),
             state_cell(text(&c["state"])),
             bytes(&c["bytes"]).into(),
-            progress(c, hint).into(),
+            progress(c, hint, output::tty()).into(),
             last_used(c).into(),
             text(&c["folder"]).into(),
         ]);
@@ -373,13 +383,20 @@ async fn machine_text(client: &Client, m: &Value, out: &mut String) -> Result<Ve
     );
 
     out.push_str("Copies:\n");
-    let mut t = Table::new(vec![col("DRIVE", 30), col("STATE", 12), col("SIZE", 12), col("LAST USED", 0)]);
+    let mut t = Table::new(vec![
+        col("DRIVE", 30),
+        col("STATE", 12),
+        col("SIZE", 12),
+        col("PROGRESS", 30),
+        col("LAST USED", 0),
+    ]);
     t.indent = 2;
     for c in array(&m["copies"]) {
         t.push(vec![
             text(&c["drive"]).into(),
             state_cell(text(&c["state"])),
             bytes(&c["bytes"]).into(),
+            progress(c, c["size_hint_bytes"].as_u64(), output::tty()).into(),
             last_used(c).into(),
         ]);
     }
@@ -432,7 +449,26 @@ mod tests {
     fn a_filling_copy_shows_its_bytes_against_the_size_hint() {
         // 1.5 GB of 6.0 GB = 25%.
         let copy = json!({"state": "Filling", "bytes": 1_500_000_000u64});
-        assert!(progress(&copy, Some(6_000_000_000)).ends_with("25%"));
-        assert_eq!(progress(&json!({"state": "Complete"}), Some(1)), "complete");
+        assert_eq!(progress(&copy, Some(6_000_000_000), false), "25%");
+        assert_eq!(progress(&copy, Some(6_000_000_000), true), "[#####---------------]  25%");
+        assert_eq!(progress(&json!({"state": "Complete"}), Some(1), true), "complete");
+    }
+
+    #[test]
+    fn a_filling_copy_shows_its_rate_and_time_left() {
+        // 3 GB of 6 GB = 50%, at 100 MB/s: 30 s left.
+        let copy = json!({"state": "Filling", "bytes": 3_000_000_000u64, "progress": {
+            "bytes": 3_000_000_000u64, "size_hint_bytes": 6_000_000_000u64, "percent": 50.0,
+            "bytes_per_second": 100_000_000, "eta_seconds": 30}});
+        assert_eq!(progress(&copy, None, true), "[##########----------]  50% 100.0 MB/s, 30s left");
+        assert_eq!(progress(&copy, None, false), "50% 100.0 MB/s, 30s left");
+        // Before a rate is known (one heartbeat so far), only the share.
+        let first = json!({"state": "Filling", "bytes": 1_000_000_000u64, "progress": {
+            "bytes": 1_000_000_000u64, "size_hint_bytes": 6_000_000_000u64, "percent": 16.7}});
+        assert_eq!(progress(&first, None, false), "17%");
+        // 7,200 s left reads as hours.
+        let slow = json!({"state": "Filling", "progress": {"bytes": 0, "size_hint_bytes": 6_000_000_000u64,
+            "bytes_per_second": 833_334, "eta_seconds": 7200}});
+        assert_eq!(progress(&slow, None, false), "0% 833.3 kB/s, 2h left");
     }
 }

@@ -81,6 +81,12 @@ pub fn age_since(t: DateTime<Utc>, now: DateTime<Utc>) -> String {
     }
 }
 
+/// A span of `seconds`, written as [`age_since`] writes ages.
+pub fn span(seconds: u64) -> String {
+    let now = Utc::now();
+    age_since(now - chrono::Duration::seconds(seconds.min(i64::MAX as u64 / 1000) as i64), now)
+}
+
 pub fn age(v: &Value) -> String {
     timestamp(v).map(|t| age_since(t, Utc::now())).unwrap_or_default()
 }

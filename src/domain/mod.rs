@@ -8,6 +8,7 @@ pub mod log_budget;
 pub mod meta;
 pub mod name;
 pub mod path;
+pub mod progress;
 pub mod quantity;
 pub mod role;
 pub mod run;

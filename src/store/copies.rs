@@ -4,6 +4,8 @@ use chrono::{DateTime, Utc};
 use sqlx::{PgConnection, PgExecutor};
 use uuid::Uuid;
 
+use crate::domain::progress;
+
 /// A copy as the API shows it.
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct CopyRecord {
@@ -13,6 +15,28 @@ pub struct CopyRecord {
     pub state: String,
     pub bytes: i64,
     pub last_used_at: Option<DateTime<Utc>>,
+    #[sqlx(flatten)]
+    pub fill: FillObservation,
+}
+
+/// What progress is measured from: the copy's promised size and two observations of its bytes.
+#[derive(Debug, Clone, Copy, sqlx::FromRow)]
+pub struct FillObservation {
+    pub size_hint: i64,
+    pub bytes_at: Option<DateTime<Utc>>,
+    pub progress_bytes: i64,
+    pub progress_at: Option<DateTime<Utc>>,
+}
+
+impl FillObservation {
+    pub fn with_bytes(&self, bytes: i64) -> progress::Observed {
+        progress::Observed {
+            bytes,
+            size_hint: self.size_hint,
+            bytes_at: self.bytes_at,
+            sample: self.progress_at.map(|at| (self.progress_bytes, at)),
+        }
+    }
 }
 
 /// A copy as eviction weighs it.
@@ -31,7 +55,7 @@ pub struct EvictionCopy {
 }
 
 const SELECT: &str = "SELECT c.machine_id, m.name AS machine, m.data_path, c.state, c.bytes,
-        c.last_used_at
+        c.last_used_at, c.size_hint, c.bytes_at, c.progress_bytes, c.progress_at
     FROM copies c JOIN machines m ON m.id = c.machine_id";
 
 /// A page of the drive's copies that are not being evicted, in the order their machines joined
@@ -85,8 +109,9 @@ pub struct MachineCopyRecord {
     pub drive: String,
     pub state: String,
     pub bytes: i64,
-    pub size_hint: i64,
     pub last_used_at: Option<DateTime<Utc>>,
+    #[sqlx(flatten)]
+    pub fill: FillObservation,
 }
 
 /// The copies on a machine, not being evicted, of the workspace's drives, by drive name: at most
@@ -97,7 +122,8 @@ pub async fn on_machine(
     workspace: Uuid,
 ) -> sqlx::Result<Vec<MachineCopyRecord>> {
     sqlx::query_as(
-        "SELECT d.name AS drive, c.state, c.bytes, c.size_hint, c.last_used_at
+        "SELECT d.name AS drive, c.state, c.bytes, c.last_used_at, c.size_hint, c.bytes_at,
+             c.progress_bytes, c.progress_at
          FROM copies c JOIN drives d ON d.id = c.drive_id
          WHERE c.machine_id = $1 AND d.workspace_id = $2 AND c.state <> 'Evicting' ORDER BY d.name",
     )
@@ -324,6 +350,15 @@ pub async fn reconcile(
                LEFT JOIN workspaces s ON s.name = split_part(r.folder, '.', 1)
                LEFT JOIN drives dr ON dr.workspace_id = s.id AND dr.name = substr(r.folder, length(s.name) + 2)),
          up AS (UPDATE copies c SET bytes = d.bytes,
+                    bytes_at = CASE WHEN d.bytes <> c.bytes THEN now() ELSE c.bytes_at END,
+                    progress_bytes = CASE WHEN d.bytes < c.bytes THEN 0
+                                          WHEN d.bytes > c.bytes AND (c.progress_at IS NULL
+                                               OR c.progress_at < now() - make_interval(secs => $5))
+                                          THEN c.bytes ELSE c.progress_bytes END,
+                    progress_at = CASE WHEN d.bytes < c.bytes THEN NULL
+                                       WHEN d.bytes > c.bytes AND (c.progress_at IS NULL
+                                            OR c.progress_at < now() - make_interval(secs => $5))
+                                       THEN c.bytes_at ELSE c.progress_at END,
                     state = CASE WHEN c.state = 'Evicting' THEN 'Evicting'
                                  WHEN d.complete THEN 'Complete'
                                  WHEN c.state = 'Complete' THEN 'Filling'
@@ -336,7 +371,8 @@ pub async fn reconcile(
                      WHERE c.machine_id = $1 AND c.state IN ('Evicting', 'Complete')
                        AND NOT (s.name || '.' || dr.name = ANY($2))),
          gone AS (DELETE FROM copies c USING missing WHERE c.id = missing.id AND missing.state = 'Evicting'),
-         lost AS (UPDATE copies c SET state = 'Filling', bytes = 0 FROM missing
+         lost AS (UPDATE copies c SET state = 'Filling', bytes = 0, bytes_at = NULL, progress_bytes = 0,
+                      progress_at = NULL FROM missing
                   WHERE c.id = missing.id AND missing.state = 'Complete')
          SELECT d.folder, d.drive_id, up.state, d.bytes FROM d LEFT JOIN up ON up.drive_id = d.drive_id",
     )
@@ -344,6 +380,7 @@ pub async fn reconcile(
     .bind(folders)
     .bind(bytes)
     .bind(complete)
+    .bind(progress::SAMPLE_EVERY_SECONDS as f64)
     .fetch_all(&mut *tx)
     .await?;
     let mut out = Reconciled::default();

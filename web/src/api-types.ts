@@ -2362,6 +2362,7 @@ export interface components {
             /** Format: date-time */
             last_used_at?: string | null;
             node: string;
+            progress?: null | components["schemas"]["Progress"];
             /** @description `Filling`, `Complete` or `Failed`. */
             state: string;
         };
@@ -2585,6 +2586,7 @@ export interface components {
                 /** Format: date-time */
                 last_used_at?: string | null;
                 node: string;
+                progress?: null | components["schemas"]["Progress"];
                 /** @description `Filling`, `Complete` or `Failed`. */
                 state: string;
             }[];
@@ -2852,6 +2854,7 @@ export interface components {
             folder: string;
             /** Format: date-time */
             last_used_at?: string | null;
+            progress?: null | components["schemas"]["Progress"];
             /**
              * Format: int64
              * @description Room promised to the copy while it fills: the drive's `size_hint_bytes`.
@@ -2947,6 +2950,37 @@ export interface components {
             namespace: string;
             /** Format: uuid */
             uid: string;
+        };
+        /** @description How far a copy being filled has got. */
+        Progress: {
+            /**
+             * Format: int64
+             * @description What the copy holds, as the machine's agent last measured it.
+             */
+            bytes: number;
+            /**
+             * Format: int64
+             * @description Bytes a second between the two latest observations some seconds apart; absent until
+             *     two heartbeats reported growing bytes, and once the bytes stayed unchanged for two
+             *     minutes.
+             */
+            bytes_per_second?: number | null;
+            /**
+             * Format: int64
+             * @description Seconds until `size_hint_bytes` at that rate, from now; absent without a rate, or once
+             *     the copy holds its size hint or more.
+             */
+            eta_seconds?: number | null;
+            /**
+             * Format: double
+             * @description `bytes` against `size_hint_bytes`, 0–100 to one decimal; absent without a size hint.
+             */
+            percent?: number | null;
+            /**
+             * Format: int64
+             * @description The drive's `size_hint_bytes`: what a whole copy is expected to hold.
+             */
+            size_hint_bytes: number;
         };
         Resources: {
             cpu_cores: components["schemas"]["CpuCores"];

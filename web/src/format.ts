@@ -61,3 +61,13 @@ export function percent(part: number, whole: number): number {
   if (!whole || whole <= 0) return 0;
   return Math.max(0, Math.min(100, (part / whole) * 100));
 }
+
+/** `45 s`, `12 min`, `2 h 5 min`: how long is left. */
+export function duration(seconds: number): string {
+  const s = Math.max(0, Math.round(seconds));
+  if (s < 60) return `${s} s`;
+  if (s < 3600) return `${Math.round(s / 60)} min`;
+  const h = Math.floor(s / 3600);
+  const m = Math.round((s % 3600) / 60);
+  return m ? `${h} h ${m} min` : `${h} h`;
+}

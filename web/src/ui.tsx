@@ -4,7 +4,8 @@ import { useEffect, useLayoutEffect, useRef, useState } from 'preact/hooks';
 import { ApiError, fieldMessages, pathMatches } from './api';
 import type { MorePages } from './hooks';
 import { Link } from './router';
-import { ago, dateTime, percent } from './format';
+import type { components } from './api-types';
+import { ago, bytes, dateTime, duration, percent } from './format';
 
 /** The API's message for an error, or a plain one for anything else. */
 export function messageOf(error: unknown): string {
@@ -273,5 +274,32 @@ export function ShowMore<T>({ pages, what }: { pages: MorePages<T>; what: string
         </p>
       ) : null}
     </>
+  );
+}
+
+/** A copy being filled, as the server measured it from the machine's heartbeats. */
+export type FillProgress = components['schemas']['Progress'];
+
+/** `of 6.0 GB expected (17%) · 100.0 MB/s · about 50 s left`: a fill's progress in words,
+ * after the bytes written so far. */
+export function fillText(p: FillProgress): string {
+  const parts = [`of ${bytes(p.size_hint_bytes)} expected (${Math.floor(p.percent ?? 0)}%)`];
+  if (p.bytes_per_second) parts.push(`${bytes(p.bytes_per_second)}/s`);
+  if (p.eta_seconds !== null && p.eta_seconds !== undefined) parts.push(`about ${duration(p.eta_seconds)} left`);
+  return parts.join(' · ');
+}
+
+/** A bar of a fill's progress with its rate and time left, labelled with `who`; the bytes
+ * written are shown before it unless the row shows them already. */
+export function FillBar({ who, progress, showBytes }: { who: string; progress: FillProgress; showBytes?: boolean }) {
+  const text = fillText(progress);
+  return (
+    <span class="fill-progress">
+      <span class="muted">
+        {showBytes ? `${bytes(progress.bytes)} ` : ''}
+        {text}
+      </span>
+      <Bar value={progress.bytes} max={progress.size_hint_bytes} label={`${who}: ${bytes(progress.bytes)} ${text}`} />
+    </span>
   );
 }

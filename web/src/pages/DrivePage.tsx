@@ -5,7 +5,7 @@ import { bytes, percent } from '../format';
 import { Events } from '../events';
 import { useMorePages, usePoll, useTitle } from '../hooks';
 import { Link, navigate } from '../router';
-import { Bar, DeleteButton, ErrorNote, Flash, Loading, NotFound, setFlash, ShowMore, StateBadge, TableWrap, Time } from '../ui';
+import { Bar, DeleteButton, FillBar, ErrorNote, Flash, Loading, NotFound, setFlash, ShowMore, StateBadge, TableWrap, Time } from '../ui';
 
 export function DrivePage({ name }: { name: string }) {
   useTitle(`Drive ${name}`);
@@ -131,7 +131,12 @@ export function DrivePage({ name }: { name: string }) {
                         </td>
                         <td>
                           {bytes(c.bytes)}
-                          {!c.complete && c.state === 'Filling' && hint > 0 ? (
+                          {c.progress && c.progress.size_hint_bytes > 0 ? (
+                            <>
+                              {' '}
+                              <FillBar who={c.node} progress={c.progress} />
+                            </>
+                          ) : !c.complete && c.state === 'Filling' && hint > 0 ? (
                             <>
                               {' '}
                               <span class="muted">of {bytes(hint)} expected</span>

@@ -1,5 +1,5 @@
 import { useEffect, useLayoutEffect, useRef, useState } from 'preact/hooks';
-import { ApiError, del, enc, followLogs, get, type Run } from '../api';
+import { ApiError, del, enc, followLogs, get, type Machine, type Run } from '../api';
 import { can } from '../auth';
 import { cores, mem } from '../format';
 import { Events } from '../events';
@@ -8,6 +8,7 @@ import { Link, navigate } from '../router';
 import {
   DeleteButton,
   ErrorNote,
+  FillBar,
   Flash,
   Loading,
   messageOf,
@@ -138,7 +139,12 @@ export function RunPage({ name, query }: { name: string; query: URLSearchParams 
                       <td>
                         <StateBadge state={w.status.state} />
                       </td>
-                      <td class="reason">{w.status.reason}</td>
+                      <td class="reason">
+                        {w.status.reason}
+                        {w.status.machine && w.status.reason.startsWith('Waiting for drive') ? (
+                          <WaitingFill machine={w.status.machine} drives={(t?.datavolume_refs ?? []).map((d) => d.name)} />
+                        ) : null}
+                      </td>
                       <td>{w.status.machine ? <Link href={`/machines/${w.status.machine}`}>{w.status.machine}</Link> : '—'}</td>
                       <td>{w.status.exit_code ?? '—'}</td>
                       <td>
@@ -270,5 +276,20 @@ function Logs({ worker }: { worker: string }) {
         {text || (status === 'ended' ? 'No output.' : 'No output yet.')}
       </pre>
     </section>
+  );
+}
+
+/** The fills a waiting worker waits for: its run's drives being filled on its machine. */
+function WaitingFill({ machine, drives }: { machine: string; drives: string[] }) {
+  const m = usePoll(`machine:${machine}`, (signal) => get<Machine>(`/machines/${enc(machine)}`, signal));
+  const filling = (m.data?.copies ?? []).filter((c) => c.progress && drives.includes(c.drive));
+  return (
+    <>
+      {filling.map((c) => (
+        <div key={c.drive}>
+          <FillBar who={`${c.drive} on ${machine}`} progress={c.progress!} showBytes />
+        </div>
+      ))}
+    </>
   );
 }

@@ -249,7 +249,7 @@ mod tests {
         assert_eq!(sizes.get("default.x"), Some(5));
         assert_eq!(sizes.get("default.link"), None, "a link in drives/ is not a copy");
 
-        disk::delete_copy(dir.path(), "default.x");
+        disk::tests::delete_reported(dir.path(), "default.x");
         m.pass(dir.path(), &sizes, 1_000);
         assert_eq!(sizes.get("default.x"), None);
     }

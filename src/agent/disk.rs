@@ -251,6 +251,9 @@ pub(super) mod tests {
         let (old, new) = (Uuid::now_v7(), Uuid::now_v7());
         let folder = fill_folder(dir.path(), "default.food101", old, me).unwrap();
         std::fs::write(folder.join("old"), "old").unwrap();
+        let sizes = Sizes::default();
+        Measurer::default().pass(dir.path(), &sizes, 100);
+        assert_eq!(sizes.get("default.food101"), Some(3), "the drive id is not counted as data");
         std::fs::write(folder.join(MARKER), "").unwrap();
         let copy = &report(dir.path(), &Sizes::default()).copies[0];
         assert_eq!((copy.drive_id, copy.complete), (Some(old), true));

@@ -137,7 +137,8 @@ impl Walk {
                 Some(Ok(entry)) => entry,
             };
             let name = entry.file_name();
-            if name == c"." || name == c".." {
+            // The drive id the agent keeps in the copy is not the copy's data.
+            if name == c"." || name == c".." || depth == 1 && name.to_bytes() == disk::COPY_ID.as_bytes() {
                 continue;
             }
             *left -= 1;

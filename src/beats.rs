@@ -54,8 +54,8 @@ pub struct Beats {
 
 /// A report's copies, order aside: the agent lists them as its disk does.
 pub fn digest(copies: &[CopyReport], reserve_bytes: i64) -> u64 {
-    let mut sorted: Vec<(&str, u64, bool)> =
-        copies.iter().map(|c| (c.drive.as_str(), c.bytes, c.complete)).collect();
+    let mut sorted: Vec<(&str, Option<uuid::Uuid>, u64, bool)> =
+        copies.iter().map(|c| (c.drive.as_str(), c.drive_id, c.bytes, c.complete)).collect();
     sorted.sort_unstable();
     let mut h = std::collections::hash_map::DefaultHasher::new();
     sorted.hash(&mut h);
@@ -162,7 +162,7 @@ mod tests {
     use super::*;
 
     fn copy(drive: &str, bytes: u64, complete: bool) -> CopyReport {
-        CopyReport { drive: drive.into(), bytes, complete, last_used_at: None }
+        CopyReport { drive: drive.into(), drive_id: None, bytes, complete, last_used_at: None }
     }
 
     fn answer() -> Known {

@@ -83,6 +83,10 @@ pub struct DataUsage {
 pub struct CopyReport {
     /// `<namespace>.<drive>`: the copy's folder name under `drives/`.
     pub drive: String,
+    /// The id of the drive the folder was made for (its `.astraeus-drive`); `None` for a folder
+    /// without one, which is no drive's copy.
+    #[serde(default)]
+    pub drive_id: Option<Uuid>,
     pub bytes: u64,
     /// Whether `.astralyx-filled` is present.
     pub complete: bool,
@@ -94,7 +98,8 @@ pub struct HeartbeatResponse {
     /// The confirmed data location; `None` until an admin confirms one.
     pub data_location: Option<String>,
     pub data_limit_bytes: Option<i64>,
-    /// Copies (folder names) the agent should delete.
+    /// Copies (folder names) the agent should delete, each as the heartbeat reported it: the
+    /// agent leaves a folder made since for another drive of the same name.
     pub delete_copies: Vec<String>,
 }
 
@@ -167,8 +172,9 @@ pub struct MountSpec {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum MountSource {
-    /// The drive's copy in this machine's data location: `<data location>/drives/<folder>`.
-    Copy { folder: String },
+    /// The drive's copy in this machine's data location: `<data location>/drives/<folder>`, made
+    /// for the drive `drive_id` (a drive made again with the same name never reads it).
+    Copy { folder: String, drive_id: Uuid },
     /// A path on this machine, beneath the granted folder `grant` that covers it (absent when
     /// no grant of the workspace covers it any more: the agent then refuses the mount). The
     /// agent resolves the rest beneath `grant` without following symlinks, and mounts it

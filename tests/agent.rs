@@ -482,6 +482,66 @@ async fn deleting_a_running_run_stops_its_worker_and_frees_the_machine(pool: PgP
     assert_eq!(api.machine("gpu-01").await["status"]["state"], "Ready");
 }
 
+/// A drive `name`, placed, filled by `sh -c fill`.
+fn placed_drive(name: &str, fill: &str) -> Value {
+    json!({
+        "metadata": {"name": name},
+        "spec": {
+            "sources": [{"node_scope": "placed", "path": "", "mount_path": "/data", "mode": "ReadOnly"}],
+            "size_hint_bytes": 1000,
+            "fill": {"template": {"image": "busybox:1.36", "command": "sh", "args": ["-c", fill],
+                "requested_resources": {"cpu_cores": 1, "memory_bytes": 268435456}}}
+        }
+    })
+}
+
+#[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
+async fn a_drive_deleted_and_created_again_never_reads_the_old_drives_copy(pool: PgPool) {
+    // Grace enough for the agent to be away while the drive is made again.
+    let mut cluster = Cluster::server_with_grace(&pool, 60).await;
+    cluster.add_agent("gpu-01").await;
+    let old = "echo old > /drive/old; touch /drive/.astralyx-filled";
+    cluster.api.create_drive(&placed_drive("food101", old)).await;
+    let refs = json!([{"name": "food101"}]);
+    cluster.api.create_run(&run_mounting("reader", "ls /data", refs.clone())).await;
+    cluster.api.wait_run_ended("reader").await;
+    assert!(cluster.api.logs("reader-0").await.lines().any(|l| l == "old"));
+    let copy = cluster.agent("gpu-01").data.path().join("drives/default.food101");
+    assert!(copy.join(".astralyx-filled").exists());
+
+    // The agent is away, so no heartbeat removes the old folder before the drive is back: it
+    // comes back to find the whole old copy, marker and all, under the new drive's name.
+    cluster.agent("gpu-01").proc.kill();
+    let deleted = cluster.api.delete("/drives/food101").await;
+    assert_eq!(deleted.status, StatusCode::NO_CONTENT, "{}", deleted.text);
+    let new = "while [ ! -e /drive/gate ]; do sleep 0.517; done; echo new > /drive/new; \
+               touch /drive/.astralyx-filled";
+    cluster.api.create_drive(&placed_drive("food101", new)).await;
+    cluster.api.create_run(&run_mounting("reader-again", "ls /data", refs)).await;
+    cluster.restart_agent("gpu-01");
+
+    // The new fill runs in a folder of its own: the old one is gone, and the reader waits.
+    let api = &cluster.api;
+    eventually("the new fill is made", || async move {
+        let fill = api.get("/workers/fill-food101-gpu-01-0").await;
+        if fill.status == StatusCode::OK { Ok(()) } else { Err(fill.text) }
+    })
+    .await;
+    wait_running(api, "fill-food101-gpu-01-0", "sleep 0.517").await;
+    assert!(!copy.join("old").exists() && !copy.join(".astralyx-filled").exists());
+    let drive = api.get("/drives/food101").await.expect(StatusCode::OK);
+    assert_eq!(drive["copies"][0]["complete"], false, "{drive}");
+    assert_eq!(api.worker("reader-again-0").await["status"]["state"], "Preparing");
+
+    std::fs::write(copy.join("gate"), "").unwrap();
+    let ended = api.wait_run_ended("reader-again").await;
+    assert_eq!(ended["status"]["state"], "Completed", "{ended}");
+    let seen = api.logs("reader-again-0").await;
+    assert!(seen.lines().any(|l| l == "new"), "{seen}");
+    assert!(!seen.lines().any(|l| l == "old"), "{seen}");
+    wait_gone("sleep 0.517").await;
+}
+
 #[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
 async fn an_agent_killed_mid_fill_follows_the_fill_again_and_the_copy_is_complete_only_with_its_marker(
     pool: PgPool,

@@ -325,7 +325,13 @@ async fn an_unchanged_heartbeat_does_not_wait_for_a_pass_holding_its_machine(poo
         async move {
             let (no_folders, no_bytes, no_flags): (&[String], &[i64], &[bool]) = (&[], &[], &[]);
             astraeus::store::machines::beat_if_unchanged(
-                &pool, machine, &usage, no_folders, no_bytes, no_flags,
+                &pool,
+                machine,
+                &usage,
+                no_folders,
+                &[],
+                no_bytes,
+                no_flags,
             )
             .await
             .unwrap()
@@ -354,7 +360,15 @@ async fn an_unchanged_heartbeat_does_not_wait_for_a_pass_holding_its_machine(poo
 
     // A copy the server does not know of is no unchanged heartbeat, held row or not.
     let unknown = ["default.food101".to_owned()];
-    let other = astraeus::store::machines::beat_if_unchanged(&pool, machine, &usage, &unknown, &[1], &[true]);
+    let other = astraeus::store::machines::beat_if_unchanged(
+        &pool,
+        machine,
+        &usage,
+        &unknown,
+        &[None],
+        &[1],
+        &[true],
+    );
     assert_eq!(other.await.unwrap(), None);
 }
 

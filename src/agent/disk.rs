@@ -7,11 +7,22 @@
 //! listing or a removal out of the data location.
 //!
 //! A heartbeat reads copies' sizes from what the measurer last found (`sizes`), never walks.
+//!
+//! A copy's folder is named after its drive, and a drive deleted and made again has the same
+//! name: each folder therefore holds [`COPY_ID`], the id of the drive it was made for, written
+//! by the agent when a fill first mounts it. A fill of another drive (or a folder without the
+//! file) never reuses the folder: it is renamed aside and removed, and a fresh one made. The
+//! server takes a reported copy as its drive's only when the ids agree, and deletions name the
+//! id reported, so a deletion meant for an old drive never removes its successor's new folder.
 
+use std::collections::HashMap;
+use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Component, Path, PathBuf};
+use std::sync::Mutex;
 
 use rustix::fs::{CWD, Mode, OFlags};
+use uuid::Uuid;
 
 use super::mounts;
 use super::sizes::Sizes;
@@ -19,6 +30,17 @@ use crate::protocol::{CopyReport, DataUsage, HeartbeatRequest};
 
 /// The file a fill writes last: a copy without it is not whole.
 pub const MARKER: &str = ".astralyx-filled";
+
+/// The file in a copy's folder naming the drive (its id) the folder was made for.
+pub const COPY_ID: &str = ".astraeus-drive";
+
+/// Held while a copy's folder is checked and then replaced or renamed aside, so a deletion
+/// never removes a folder made for a new drive between its check and its removal.
+static FOLDERS: Mutex<()> = Mutex::new(());
+
+/// What a folder being removed is renamed to first: never a copy's name (no drive name starts
+/// with a dot), so it is not listed or reported while its removal runs.
+const DELETING: &str = ".deleting-";
 
 /// What a heartbeat says about `dir`: its usage and each copy's marker and latest known bytes
 /// (0 for a copy not measured yet). It costs a step per copy, not per file.
@@ -70,41 +92,220 @@ fn copies(dir: &Path, sizes: &Sizes) -> Vec<CopyReport> {
             let marker = root.join(&drive).join(MARKER);
             let complete = std::fs::symlink_metadata(marker).is_ok_and(|m| m.is_file());
             let bytes = sizes.get(&drive).unwrap_or(0);
-            CopyReport { drive, bytes, complete, last_used_at: None }
+            let drive_id = copy_id(&drives, &drive);
+            CopyReport { drive, drive_id, bytes, complete, last_used_at: None }
         })
         .collect()
 }
 
-/// The copies' folders in `drives/`: its entries that are folders themselves, not links.
+/// The copies' folders in `drives/`: its entries that are folders themselves, not links, and
+/// not folders being removed.
 pub(super) fn copy_folders(drives: &OwnedFd) -> Vec<String> {
     let Ok(entries) = std::fs::read_dir(through(drives)) else { return vec![] };
     entries
         .filter_map(Result::ok)
         .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
         .filter_map(|e| e.file_name().into_string().ok())
+        .filter(|name| !name.starts_with('.'))
         .collect()
 }
 
-/// Removes a copy the server no longer wants. `folder` must be a plain name.
-pub fn delete_copy(dir: &Path, folder: &str) {
-    if folder.is_empty() || folder.contains('/') || folder == "." || folder == ".." {
-        tracing::warn!(folder, "refusing to delete a copy with a strange name");
-        return;
-    }
-    let Some(drives) = open_drives(dir) else { return };
-    // std's removal opens each folder relative to its parent and never follows a link.
-    let path = through(&drives).join(folder);
-    match std::fs::remove_dir_all(&path) {
-        Ok(()) => tracing::info!(folder, "deleted copy"),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => tracing::warn!(folder, error = %e, "cannot delete copy"),
+/// A plain name of an entry in `drives/`: no separator, not `.` or `..`.
+fn plain(folder: &str) -> bool {
+    !(folder.is_empty() || folder.contains('/') || folder == "." || folder == "..")
+}
+
+/// The drive `folder` was made for, from its [`COPY_ID`] file; `None` when the file is missing,
+/// a link, or holds no id (a folder made before copies named their drive).
+fn copy_id(drives: &OwnedFd, folder: &str) -> Option<Uuid> {
+    let folder = open_folder(drives, folder)?;
+    let flags = OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOFOLLOW | OFlags::NONBLOCK;
+    let file = rustix::fs::openat(&folder, COPY_ID, flags, Mode::empty()).ok()?;
+    let mut text = String::new();
+    // An id is 36 characters: a larger file is not one.
+    std::fs::File::from(file).take(64).read_to_string(&mut text).ok()?;
+    Uuid::try_parse(text.trim()).ok()
+}
+
+fn open_folder(drives: &OwnedFd, folder: &str) -> Option<OwnedFd> {
+    let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC | OFlags::NOFOLLOW;
+    rustix::fs::openat(drives, folder, flags, Mode::empty()).ok()
+}
+
+/// Renames `folder` aside atomically, so its name is free at once, and returns the new name;
+/// `None` when there is nothing by that name.
+fn rename_aside(drives: &OwnedFd, folder: &str) -> Option<String> {
+    let aside = format!("{DELETING}{}", Uuid::new_v4().simple());
+    match rustix::fs::renameat(drives, folder, drives, aside.as_str()) {
+        Ok(()) => Some(aside),
+        Err(rustix::io::Errno::NOENT) => None,
+        Err(e) => {
+            tracing::warn!(folder, error = %e, "cannot move copy aside");
+            None
+        }
     }
 }
 
+fn remove_aside(drives: &OwnedFd, aside: &str) {
+    // std's removal opens each folder relative to its parent and never follows a link.
+    if let Err(e) = std::fs::remove_dir_all(through(drives).join(aside)) {
+        tracing::warn!(folder = aside, error = %e, "cannot delete a copy moved aside");
+    }
+}
+
+/// Removes copies the server no longer wants, each only while its folder still holds the drive
+/// id this agent reported for it (`reported`, by folder): a folder the report did not list, or
+/// one made since for another drive of the same name, is left alone.
+pub fn delete_copies(dir: &Path, folders: &[String], reported: &HashMap<String, Option<Uuid>>) {
+    let Some(drives) = open_drives(dir) else { return };
+    for folder in folders {
+        if !plain(folder) {
+            tracing::warn!(folder, "refusing to delete a copy with a strange name");
+            continue;
+        }
+        let Some(id) = reported.get(folder) else {
+            tracing::warn!(folder, "refusing to delete a copy this agent did not report");
+            continue;
+        };
+        let aside = {
+            let _held = FOLDERS.lock().expect("not poisoned");
+            if copy_id(&drives, folder) != *id {
+                tracing::info!(folder, "not deleting a copy made again since it was reported");
+                continue;
+            }
+            rename_aside(&drives, folder)
+        };
+        if let Some(aside) = aside {
+            remove_aside(&drives, &aside);
+            tracing::info!(folder, "deleted copy");
+        }
+    }
+}
+
+/// The folder of `drive`'s copy, `<dir>/drives/<folder>`, for its fill to write: the one there
+/// when it was made for `drive`, else a new empty one (whatever was there is removed first),
+/// owned by `owner` so the workspace's root in the container can write to it.
+pub fn fill_folder(dir: &Path, folder: &str, drive: Uuid, owner: u32) -> Result<PathBuf, String> {
+    if !plain(folder) {
+        return Err(format!("{folder} is not a plain folder name"));
+    }
+    mounts::make_beneath(dir, "drives")?;
+    let drives = open_drives(dir).ok_or("cannot open drives/")?;
+    let aside = {
+        let _held = FOLDERS.lock().expect("not poisoned");
+        if copy_id(&drives, folder) == Some(drive) {
+            return Ok(dir.join("drives").join(folder));
+        }
+        let aside = rename_aside(&drives, folder);
+        make_folder(&drives, folder, drive, owner)?;
+        aside
+    };
+    if let Some(aside) = aside {
+        tracing::info!(folder, "removing a copy made for an earlier drive of this name");
+        remove_aside(&drives, &aside);
+    }
+    Ok(dir.join("drives").join(folder))
+}
+
+/// Makes the folder with its [`COPY_ID`]. The fill could replace the file, but only to point
+/// its own workspace's folder at a drive of the same name, which reads nothing of another's.
+fn make_folder(drives: &OwnedFd, folder: &str, drive: Uuid, owner: u32) -> Result<(), String> {
+    let cannot = |e: rustix::io::Errno| format!("cannot make the copy's folder {folder}: {e}");
+    rustix::fs::mkdirat(drives, folder, Mode::from_raw_mode(0o755)).map_err(cannot)?;
+    let fd = open_folder(drives, folder).ok_or_else(|| format!("cannot open {folder}"))?;
+    let flags = OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::CLOEXEC | OFlags::NOFOLLOW;
+    let file = rustix::fs::openat(&fd, COPY_ID, flags, Mode::from_raw_mode(0o444)).map_err(cannot)?;
+    std::fs::File::from(file)
+        .write_all(drive.to_string().as_bytes())
+        .map_err(|e| format!("cannot write {COPY_ID} in {folder}: {e}"))?;
+    // The folder itself is handed over through its descriptor, never what a link names.
+    let (uid, gid) = (rustix::fs::Uid::from_raw(owner), rustix::fs::Gid::from_raw(owner));
+    rustix::fs::fchown(&fd, Some(uid), Some(gid)).map_err(cannot)
+}
+
+/// Whether `<dir>/drives/<folder>` was made for `drive`: a worker reads a copy only then.
+pub fn holds(dir: &Path, folder: &str, drive: Uuid) -> bool {
+    plain(folder) && open_drives(dir).is_some_and(|drives| copy_id(&drives, folder) == Some(drive))
+}
+
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::agent::sizes::Measurer;
+
+    /// Deletes `folder` as the server would answer a heartbeat reporting it now.
+    pub(in crate::agent) fn delete_reported(dir: &Path, folder: &str) {
+        let reported = report(dir, &Sizes::default()).copies.into_iter().map(|c| (c.drive, c.drive_id));
+        delete_copies(dir, &[folder.to_owned()], &reported.collect());
+    }
+
+    fn entries(dir: &Path) -> Vec<String> {
+        let names = std::fs::read_dir(dir.join("drives")).unwrap();
+        names.map(|e| e.unwrap().file_name().into_string().unwrap()).collect()
+    }
+
+    #[test]
+    fn a_fill_of_a_drive_made_again_starts_in_a_new_folder_holding_nothing_of_the_old() {
+        let dir = tempfile::tempdir().unwrap();
+        let me = rustix::process::getuid().as_raw();
+        let (old, new) = (Uuid::now_v7(), Uuid::now_v7());
+        let folder = fill_folder(dir.path(), "default.food101", old, me).unwrap();
+        std::fs::write(folder.join("old"), "old").unwrap();
+        let sizes = Sizes::default();
+        Measurer::default().pass(dir.path(), &sizes, 100);
+        assert_eq!(sizes.get("default.food101"), Some(3), "the drive id is not counted as data");
+        std::fs::write(folder.join(MARKER), "").unwrap();
+        let copy = &report(dir.path(), &Sizes::default()).copies[0];
+        assert_eq!((copy.drive_id, copy.complete), (Some(old), true));
+        // The same drive's fill again (a retry) keeps what it wrote.
+        assert!(fill_folder(dir.path(), "default.food101", old, me).unwrap().join("old").exists());
+
+        let folder = fill_folder(dir.path(), "default.food101", new, me).unwrap();
+        assert!(!folder.join("old").exists() && !folder.join(MARKER).exists());
+        let copy = &report(dir.path(), &Sizes::default()).copies[0];
+        assert_eq!((copy.drive_id, copy.complete), (Some(new), false));
+        assert!(holds(dir.path(), "default.food101", new) && !holds(dir.path(), "default.food101", old));
+        assert_eq!(entries(dir.path()), ["default.food101"], "nothing is left aside");
+    }
+
+    #[test]
+    fn a_folder_without_a_drive_id_is_reported_as_no_drives_and_never_read() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("drives/default.food101")).unwrap();
+        std::fs::write(dir.path().join("drives/default.food101").join(MARKER), "").unwrap();
+        let copy = &report(dir.path(), &Sizes::default()).copies[0];
+        assert_eq!((copy.drive_id, copy.complete), (None, true));
+        assert!(!holds(dir.path(), "default.food101", Uuid::now_v7()));
+        // An id file that is a link is not read.
+        let elsewhere = tempfile::tempdir().unwrap();
+        let id = Uuid::now_v7();
+        std::fs::write(elsewhere.path().join("id"), id.to_string()).unwrap();
+        let link = dir.path().join("drives/default.food101").join(COPY_ID);
+        std::os::unix::fs::symlink(elsewhere.path().join("id"), link).unwrap();
+        assert!(!holds(dir.path(), "default.food101", id));
+    }
+
+    #[test]
+    fn a_deletion_leaves_a_folder_made_for_a_new_drive_since_the_report() {
+        let dir = tempfile::tempdir().unwrap();
+        let me = rustix::process::getuid().as_raw();
+        fill_folder(dir.path(), "default.food101", Uuid::now_v7(), me).unwrap();
+        let reported =
+            report(dir.path(), &Sizes::default()).copies.into_iter().map(|c| (c.drive, c.drive_id));
+        let reported: HashMap<_, _> = reported.collect();
+        let new = Uuid::now_v7();
+        fill_folder(dir.path(), "default.food101", new, me).unwrap();
+        // The answer to the earlier report names the folder: it now holds the new drive's copy.
+        delete_copies(dir.path(), &["default.food101".into()], &reported);
+        assert!(holds(dir.path(), "default.food101", new));
+        // A folder the report did not list is not the server's to delete.
+        delete_copies(dir.path(), &["default.other".into()], &reported);
+        std::fs::create_dir(dir.path().join("drives/default.other")).unwrap();
+        delete_copies(dir.path(), &["default.other".into()], &reported);
+        assert!(dir.path().join("drives/default.other").exists());
+        delete_reported(dir.path(), "default.food101");
+        assert_eq!(entries(dir.path()), ["default.other"]);
+    }
 
     #[test]
     fn copies_report_bytes_and_marker() {
@@ -125,7 +326,7 @@ mod tests {
         std::fs::write(dir.path().join("drives/default.food101").join(MARKER), b"").unwrap();
         assert!(report(dir.path(), &sizes).copies[0].complete);
         assert!(r.data_location.total_bytes > 0);
-        delete_copy(dir.path(), "default.food101");
+        delete_reported(dir.path(), "default.food101");
         assert!(report(dir.path(), &sizes).copies.is_empty());
     }
 
@@ -137,7 +338,7 @@ mod tests {
         std::fs::write(victim.path().join("default.etc/passwd"), "root").unwrap();
         std::os::unix::fs::symlink(victim.path(), dir.path().join("drives")).unwrap();
         assert!(report(dir.path(), &Sizes::default()).copies.is_empty());
-        delete_copy(dir.path(), "default.etc");
+        delete_copies(dir.path(), &["default.etc".into()], &HashMap::from([("default.etc".into(), None)]));
         assert!(victim.path().join("default.etc/passwd").exists());
     }
 
@@ -148,7 +349,7 @@ mod tests {
         std::fs::write(victim.path().join("keep"), "").unwrap();
         std::fs::create_dir_all(dir.path().join("drives/default.x/deep")).unwrap();
         std::os::unix::fs::symlink(victim.path(), dir.path().join("drives/default.x/deep/esc")).unwrap();
-        delete_copy(dir.path(), "default.x");
+        delete_reported(dir.path(), "default.x");
         assert!(!dir.path().join("drives/default.x").exists());
         assert!(victim.path().join("keep").exists());
     }

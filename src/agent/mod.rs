@@ -246,10 +246,13 @@ async fn heartbeat_loop(
                     told = report.images.take();
                 }
                 let confirmed = shared.confirm(&machine.own, answer.data_location.as_deref());
-                if let Some(dir) = &confirmed {
-                    for folder in &answer.delete_copies {
-                        disk::delete_copy(dir, folder);
-                    }
+                if let Some(dir) = confirmed
+                    && !answer.delete_copies.is_empty()
+                {
+                    let reported = report.copies.iter().map(|c| (c.drive.clone(), c.drive_id)).collect();
+                    let folders = answer.delete_copies;
+                    let deleting = move || disk::delete_copies(&dir, &folders, &reported);
+                    let _ = tokio::task::spawn_blocking(deleting).await;
                 }
             }
             Err(e) => tracing::warn!(error = %e, "heartbeat failed"),

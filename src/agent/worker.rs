@@ -2,7 +2,7 @@
 //! own, ship its output, and report how it ended.
 
 use std::io::Write;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt, lchown};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -13,7 +13,7 @@ use super::client::Client;
 use super::container::{self, Bind, Container};
 use super::output::{self, LogLine, Stream};
 use super::podman::{Found, State};
-use super::{Machine, cgroup, gpus, mounts};
+use super::{Machine, cgroup, disk, gpus, mounts};
 use crate::domain::image::ImageRef;
 use crate::domain::path::AbsPath;
 use crate::domain::quantity::binary_bytes;
@@ -234,19 +234,16 @@ fn binds(
         .map(|(n, m)| {
             let cannot = |e: String| format!("cannot mount drive {} at {}: {e}", m.drive, m.target);
             let (resolved, read_only) = match &m.source {
-                MountSource::Copy { folder } => {
-                    let root = data_location
-                        .ok_or("this machine has no confirmed data location")?
-                        .join("drives")
-                        .join(folder);
-                    if !m.read_only && m.sub_path.is_empty() {
-                        // A fill starts an empty copy, owned by its workspace's root so it can write.
-                        std::fs::create_dir_all(&root)
-                            .map_err(|e| format!("cannot create {}: {e}", root.display()))?;
-                        // lchown: the copy folder itself is handed over, never what a link there names.
-                        lchown(&root, Some(id_base), Some(id_base))
-                            .map_err(|e| format!("cannot hand {} to the workspace: {e}", root.display()))?;
-                    }
+                MountSource::Copy { folder, drive_id } => {
+                    let dir = data_location.ok_or("this machine has no confirmed data location")?;
+                    let root = if !m.read_only && m.sub_path.is_empty() {
+                        // A fill writes into a folder made for this very drive, never an old one.
+                        disk::fill_folder(dir, folder, *drive_id, id_base).map_err(cannot)?
+                    } else if disk::holds(dir, folder, *drive_id) {
+                        dir.join("drives").join(folder)
+                    } else {
+                        return Err(cannot(format!("the copy in drives/{folder} is not this drive's")));
+                    };
                     (mounts::open_sub_path(&root, &m.sub_path).map_err(cannot)?, m.read_only)
                 }
                 MountSource::Host { path, grant, grant_mode } => {

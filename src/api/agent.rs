@@ -220,11 +220,13 @@ async fn heartbeat(
         }));
     }
     let folders: Vec<String> = req.copies.iter().map(|c| c.drive.clone()).collect();
+    let ids: Vec<Option<Uuid>> = req.copies.iter().map(|c| c.drive_id).collect();
     let bytes: Vec<i64> = req.copies.iter().map(|c| clamp(c.bytes)).collect();
     let complete: Vec<bool> = req.copies.iter().map(|c| c.complete).collect();
     let generation = app.hub.beats.generation(caller.id);
     let same =
-        store::machines::beat_if_unchanged(&app.db, caller.id, &usage, &folders, &bytes, &complete).await?;
+        store::machines::beat_if_unchanged(&app.db, caller.id, &usage, &folders, &ids, &bytes, &complete)
+            .await?;
     if let Some((data_location, data_limit_bytes, written)) = same {
         if !written {
             app.hub.beats.record(caller.id, &usage);
@@ -236,7 +238,7 @@ async fn heartbeat(
     // Rows are locked in one order everywhere, copies, then workers, then machines, so that
     // heartbeats, placement and deletions never wait on each other in a circle.
     let mut tx = app.db.begin().await?;
-    let copies = store::copies::reconcile(&mut tx, caller.id, &folders, &bytes, &complete).await?;
+    let copies = store::copies::reconcile(&mut tx, caller.id, &folders, &ids, &bytes, &complete).await?;
     for (drive, bytes) in &copies.completed {
         metrics::counter!("astraeus_fill_bytes_total").increment((*bytes).max(0) as u64);
         let why =
@@ -542,12 +544,12 @@ fn assignment(
     let task = &run.task_template;
     let Opened { env, image_pull_auth } = opened;
     let mut mounts = Vec::new();
-    if let Some(drive) = &row.fill_drive {
+    if let (Some(drive), Some(drive_id)) = (&row.fill_drive, row.fill_drive_id) {
         // A fill writes the whole copy, read-write, at /drive.
         let folder = full_name(&row.namespace, drive);
         mounts.push(MountSpec {
             drive: folder.clone(),
-            source: MountSource::Copy { folder },
+            source: MountSource::Copy { folder, drive_id },
             sub_path: String::new(),
             target: "/drive".into(),
             read_only: false,
@@ -560,7 +562,7 @@ fn assignment(
         let spec = &drive.spec.0;
         let (source, base) = match spec.location() {
             Location::Placed(sub) => (
-                MountSource::Copy { folder: full_name(&row.namespace, &drive.name) },
+                MountSource::Copy { folder: full_name(&row.namespace, &drive.name), drive_id: drive.id },
                 sub.as_str().to_owned(),
             ),
             Location::Shared(path) | Location::Node(_, path) => {

@@ -20,7 +20,8 @@ use uuid::Uuid;
 
 use super::http::{Api, Lat};
 use crate::protocol::{
-    Assignment, Assignments, CopyReport, DataUsage, HeartbeatRequest, HeartbeatResponse, assignments_tag,
+    Assignment, Assignments, CopyReport, DataUsage, HeartbeatRequest, HeartbeatResponse, MountSource,
+    assignments_tag,
 };
 
 /// Every simulated machine's data location.
@@ -43,12 +44,17 @@ pub fn machine_name(i: usize) -> String {
     format!("m-{i:05}")
 }
 
+/// A copy a simulated machine holds: the drive it was filled for, and when a heartbeat first
+/// carried it.
+type Held = (Option<Uuid>, Option<Instant>);
+
 pub struct Machine {
     pub index: usize,
     pub name: String,
     auth: String,
-    /// Complete copies (folder `<ns>.<drive>`) and when a heartbeat first carried each.
-    copies: Mutex<BTreeMap<String, Option<Instant>>>,
+    /// Complete copies (folder `<ns>.<drive>`): the drive each was filled for, and when a
+    /// heartbeat first carried each.
+    copies: Mutex<BTreeMap<String, Held>>,
     /// Held while a heartbeat is in flight: like the real agent, a machine never sends two at once.
     beating: tokio::sync::Mutex<()>,
     /// Workers already handled.
@@ -240,13 +246,14 @@ impl Fleet {
     fn heartbeat_body(m: &Machine) -> HeartbeatRequest {
         let now = Instant::now();
         let mut held = m.copies.lock().expect("not poisoned");
-        for first in held.values_mut().filter(|t| t.is_none()) {
+        for (_, first) in held.values_mut().filter(|(_, t)| t.is_none()) {
             *first = Some(now);
         }
         let copies: Vec<CopyReport> = held
-            .keys()
-            .map(|folder| CopyReport {
+            .iter()
+            .map(|(folder, (drive_id, _))| CopyReport {
                 drive: folder.clone(),
+                drive_id: *drive_id,
                 bytes: COPY_BYTES,
                 complete: true,
                 last_used_at: None,
@@ -368,7 +375,11 @@ impl Fleet {
         for w in workers {
             if w.run.starts_with(FILL_PREFIX) {
                 if let Some(mount) = w.mounts.first() {
-                    fills.push((w.uid, mount.drive.clone()));
+                    let drive_id = match mount.source {
+                        MountSource::Copy { drive_id, .. } => Some(drive_id),
+                        MountSource::Host { .. } => None,
+                    };
+                    fills.push((w.uid, mount.drive.clone(), drive_id));
                 }
             } else if w.run.starts_with(SEED_PREFIX) {
                 seeds.push(w.uid);
@@ -377,7 +388,7 @@ impl Fleet {
                 let reported = w
                     .mounts
                     .first()
-                    .and_then(|mount| *m.copies.lock().expect("not poisoned").get(&mount.drive)?);
+                    .and_then(|mount| m.copies.lock().expect("not poisoned").get(&mount.drive)?.1);
                 if let Some(t0) = reported {
                     self.probe_samples
                         .lock()
@@ -394,8 +405,8 @@ impl Fleet {
             if !fills.is_empty() {
                 {
                     let mut copies = m.copies.lock().expect("not poisoned");
-                    for (_, folder) in &fills {
-                        copies.entry(folder.clone()).or_insert(None);
+                    for (_, folder, drive_id) in &fills {
+                        copies.entry(folder.clone()).or_insert((*drive_id, None));
                     }
                 }
                 if !fleet.beat(&m).await {

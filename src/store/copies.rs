@@ -329,6 +329,7 @@ pub async fn reconcile(
     tx: &mut PgConnection,
     machine: Uuid,
     folders: &[String],
+    ids: &[Option<Uuid>],
     bytes: &[i64],
     complete: &[bool],
 ) -> sqlx::Result<Reconciled> {
@@ -341,23 +342,27 @@ pub async fn reconcile(
             .await?
             .into_iter()
             .collect();
-    // Map each reported folder `<namespace>.<drive>` to a drive and update its copy. The copies
-    // the agent no longer has, which no reported folder names, change in the same statement:
-    // evicted ones are gone; whole ones must be filled again.
+    // Map each reported folder `<namespace>.<drive>` to a drive and update its copy: only when
+    // the folder was made for that very drive (the id the agent read in it), so a folder left by
+    // a drive deleted and made again under the same name is never the new drive's copy, and is
+    // named for deletion. The copies the agent no longer has, which no reported folder holds,
+    // change in the same statement: evicted ones are gone; whole ones must be filled again.
     let rows: Vec<(String, Option<Uuid>, Option<String>, i64)> = sqlx::query_as(
-        "WITH r AS (SELECT * FROM unnest($2::text[], $3::bigint[], $4::bool[]) AS r(folder, bytes, complete)),
-         d AS (SELECT r.*, dr.id AS drive_id FROM r
+        "WITH r AS (SELECT * FROM unnest($2::text[], $3::bigint[], $4::bool[], $5::uuid[])
+                    AS r(folder, bytes, complete, reported_id)),
+         d AS (SELECT r.folder, r.bytes, r.complete, dr.id AS drive_id FROM r
                LEFT JOIN workspaces s ON s.name = split_part(r.folder, '.', 1)
-               LEFT JOIN drives dr ON dr.workspace_id = s.id AND dr.name = substr(r.folder, length(s.name) + 2)),
+               LEFT JOIN drives dr ON dr.workspace_id = s.id AND dr.name = substr(r.folder, length(s.name) + 2)
+                   AND dr.id = r.reported_id),
          up AS (UPDATE copies c SET bytes = d.bytes,
                     bytes_at = CASE WHEN d.bytes <> c.bytes THEN now() ELSE c.bytes_at END,
                     progress_bytes = CASE WHEN d.bytes < c.bytes THEN 0
                                           WHEN d.bytes > c.bytes AND (c.progress_at IS NULL
-                                               OR c.progress_at < now() - make_interval(secs => $5))
+                                               OR c.progress_at < now() - make_interval(secs => $6))
                                           THEN c.bytes ELSE c.progress_bytes END,
                     progress_at = CASE WHEN d.bytes < c.bytes THEN NULL
                                        WHEN d.bytes > c.bytes AND (c.progress_at IS NULL
-                                            OR c.progress_at < now() - make_interval(secs => $5))
+                                            OR c.progress_at < now() - make_interval(secs => $6))
                                        THEN c.bytes_at ELSE c.progress_at END,
                     state = CASE WHEN c.state = 'Evicting' THEN 'Evicting'
                                  WHEN d.complete THEN 'Complete'
@@ -366,10 +371,9 @@ pub async fn reconcile(
                     completed_at = CASE WHEN d.complete AND c.state <> 'Complete' THEN now() ELSE c.completed_at END
                 FROM d WHERE c.machine_id = $1 AND c.drive_id = d.drive_id
                 RETURNING c.drive_id, c.state),
-         missing AS (SELECT c.id, c.state FROM copies c JOIN drives dr ON dr.id = c.drive_id
-                     JOIN workspaces s ON s.id = dr.workspace_id
+         missing AS (SELECT c.id, c.state FROM copies c
                      WHERE c.machine_id = $1 AND c.state IN ('Evicting', 'Complete')
-                       AND NOT (s.name || '.' || dr.name = ANY($2))),
+                       AND NOT EXISTS (SELECT 1 FROM d WHERE d.drive_id = c.drive_id)),
          gone AS (DELETE FROM copies c USING missing WHERE c.id = missing.id AND missing.state = 'Evicting'),
          lost AS (UPDATE copies c SET state = 'Filling', bytes = 0, bytes_at = NULL, progress_bytes = 0,
                       progress_at = NULL FROM missing
@@ -380,6 +384,7 @@ pub async fn reconcile(
     .bind(folders)
     .bind(bytes)
     .bind(complete)
+    .bind(ids)
     .bind(progress::SAMPLE_EVERY_SECONDS as f64)
     .fetch_all(&mut *tx)
     .await?;

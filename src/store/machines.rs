@@ -148,12 +148,16 @@ pub async fn beat_if_unchanged(
     machine: Uuid,
     usage: &Usage,
     folders: &[String],
+    ids: &[Option<Uuid>],
     bytes: &[i64],
     complete: &[bool],
 ) -> sqlx::Result<Option<(Option<String>, Option<i64>, bool)>> {
+    // A folder reported with another drive's id (or none) is not the copy of the drive of its
+    // name: that differs, and the full reconcile names it for deletion.
     sqlx::query_as(
-        "WITH reported AS (SELECT * FROM unnest($5::text[], $6::bigint[], $7::bool[]) AS r(folder, bytes, complete)),
-         known AS (SELECT s.name || '.' || d.name AS folder, c.bytes, c.state FROM copies c
+        "WITH reported AS (SELECT * FROM unnest($5::text[], $6::bigint[], $7::bool[], $8::uuid[])
+                               AS r(folder, bytes, complete, drive_id)),
+         known AS (SELECT s.name || '.' || d.name AS folder, c.drive_id, c.bytes, c.state FROM copies c
                    JOIN drives d ON d.id = c.drive_id JOIN workspaces s ON s.id = d.workspace_id
                    WHERE c.machine_id = $1),
          differs AS (
@@ -161,12 +165,13 @@ pub async fn beat_if_unchanged(
              WHERE k.folder IS NULL AND r.folder IS NOT NULL
                 OR r.folder IS NULL AND k.state IN ('Complete', 'Evicting')
                 OR r.folder IS NOT NULL AND (k.state = 'Evicting' OR k.bytes <> r.bytes
+                                             OR r.drive_id IS DISTINCT FROM k.drive_id
                                              OR (k.state = 'Complete') <> r.complete)),
          free AS (SELECT id FROM machines WHERE id = $1 AND state = 'Ready' AND NOT EXISTS (SELECT 1 FROM differs)
                   FOR NO KEY UPDATE SKIP LOCKED),
          written AS (
              UPDATE machines m SET last_heartbeat_at = now(),
-                 data_total_bytes = $2, data_used_bytes = $3, data_free_bytes = $4, data_reserve_bytes = $8
+                 data_total_bytes = $2, data_used_bytes = $3, data_free_bytes = $4, data_reserve_bytes = $9
              FROM free WHERE m.id = free.id
              RETURNING m.id)
          SELECT m.data_path, m.data_limit_bytes, EXISTS (SELECT 1 FROM written) AS written
@@ -179,6 +184,7 @@ pub async fn beat_if_unchanged(
     .bind(folders)
     .bind(bytes)
     .bind(complete)
+    .bind(ids)
     .bind(usage.reserve_bytes)
     .fetch_optional(db)
     .await

@@ -428,6 +428,7 @@ pub struct AssignmentRow {
     pub run_name: String,
     /// For a fill's worker: the name of the drive it fills.
     pub fill_drive: Option<String>,
+    pub fill_drive_id: Option<Uuid>,
 }
 
 /// The released workers of a machine that have not ended, after the worker `after` in id order:
@@ -439,7 +440,7 @@ pub async fn assigned_to(
 ) -> sqlx::Result<Vec<AssignmentRow>> {
     sqlx::query_as(
         "SELECT w.id, w.name, w.state, w.workspace_id, s.name AS namespace, s.id_slot, w.run_id,
-             r.name AS run_name, fd.name AS fill_drive
+             r.name AS run_name, fd.name AS fill_drive, fd.id AS fill_drive_id
          FROM workers w JOIN runs r ON r.id = w.run_id JOIN workspaces s ON s.id = w.workspace_id
          LEFT JOIN drives fd ON fd.id = r.fill_drive_id
          WHERE w.machine_id = $1 AND w.released AND w.state IN ('Preparing', 'Running')

@@ -206,3 +206,49 @@ async fn a_disk_under_the_reserve_its_agent_reports_is_under_pressure(db: sqlx::
     assert_eq!(need, 2_000_000_000);
     assert_eq!(why, "its disk had 1.0 GB free, under its reserve of 3.0 GB");
 }
+
+/// A heartbeat of gpu-01 reporting folder `default.food101`, made for `drive_id`, whole: the
+/// folders the answer says to delete.
+async fn report_food101(app: &TestApp, credential: &str, drive_id: Option<uuid::Uuid>) -> Value {
+    let copy = json!({"drive": "default.food101", "drive_id": drive_id, "bytes": 3, "complete": true});
+    let beat =
+        json!({"data_location": {"total_bytes": 1000, "used_bytes": 3, "free_bytes": 997}, "copies": [copy]});
+    let answer = app.client.post(format!("{}/agent/v1/heartbeat", app.address)).bearer_auth(credential);
+    let answer = answer.json(&beat).send().await.unwrap();
+    assert_eq!(answer.status(), 200);
+    answer.json::<Value>().await.unwrap()["delete_copies"].clone()
+}
+
+/// Drive food101 made anew, with a copy being filled on gpu-01: its id.
+async fn food101_filling_on(app: &TestApp, machine: uuid::Uuid) -> uuid::Uuid {
+    assert_eq!(app.create_drive(&recipe_drive()).await.status, 201);
+    let drive = sqlx::query_scalar("SELECT id FROM drives WHERE name = 'food101'").fetch_one(&app.db);
+    let drive = drive.await.unwrap();
+    astraeus::store::copies::ensure_for(&app.db, drive, machine).await.unwrap();
+    drive
+}
+
+#[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
+async fn a_folder_made_for_a_deleted_drive_is_never_the_copy_of_the_drive_made_again(db: sqlx::PgPool) {
+    let app = spawn_app(db).await;
+    let credential = app.join_machine("gpu-01", 2).await;
+    let machine = sqlx::query_scalar("SELECT id FROM machines WHERE name = 'gpu-01'").fetch_one(&app.db);
+    let machine = machine.await.unwrap();
+    let old = food101_filling_on(&app, machine).await;
+    assert_eq!(report_food101(&app, &credential, Some(old)).await, json!([]));
+    assert_eq!(app.get_drive("food101").await.json()["copies"][0]["complete"], true);
+
+    assert_eq!(app.delete("/drives/food101").await.status, 204);
+    let new = food101_filling_on(&app, machine).await;
+    // The old drive's folder, or one naming no drive, is neither the new copy nor kept.
+    for stale in [Some(old), None] {
+        assert_eq!(report_food101(&app, &credential, stale).await, json!(["default.food101"]));
+        let drive = app.get_drive("food101").await.json();
+        assert_eq!(
+            (&drive["copies"][0]["complete"], &drive["copies"][0]["state"]),
+            (&json!(false), &json!("Filling"))
+        );
+    }
+    assert_eq!(report_food101(&app, &credential, Some(new)).await, json!([]));
+    assert_eq!(app.get_drive("food101").await.json()["copies"][0]["complete"], true);
+}

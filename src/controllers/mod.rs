@@ -5,3 +5,4 @@ pub mod fill;
 pub mod janitor;
 pub mod liveness;
 pub mod reseal;
+pub mod restart;

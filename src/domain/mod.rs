@@ -9,6 +9,7 @@ pub mod meta;
 pub mod name;
 pub mod path;
 pub mod quantity;
+pub mod restart;
 pub mod role;
 pub mod run;
 pub mod task;

@@ -13,6 +13,7 @@ mod machines;
 mod odd_input;
 mod openapi;
 mod overload;
+mod restarts;
 mod roles;
 mod runs;
 mod secrets;

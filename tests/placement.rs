@@ -481,7 +481,12 @@ async fn a_worker_that_cannot_be_placed_says_why_until_the_cause_is_gone(pool: P
 
     let worker = api.wait_reason("inspect-0", "Choose where to keep data on gpu-01").await;
     assert_eq!(worker["status"]["state"], "Pending");
-    assert_eq!(api.run("inspect").await["status"]["reason"], "Waiting for workers to start");
+    // The run says why its worker waits, in the same words, once its pass has refreshed it.
+    eventually("the run says why its worker waits", || async {
+        let reason = api.run("inspect").await["status"]["reason"].clone();
+        if reason == "Choose where to keep data on gpu-01" { Ok(()) } else { Err(reason.to_string()) }
+    })
+    .await;
 
     api.confirm_data_location("gpu-01", &data, Some(2_100_000_000)).await;
     let worker = api

@@ -289,7 +289,7 @@ pub async fn finish(
 ) -> sqlx::Result<Option<Uuid>> {
     sqlx::query_scalar(
         "WITH w AS (
-             UPDATE workers SET state = $3, reason = $4, exit_code = $5, finished_at = now()
+             UPDATE workers SET state = $3, reason = $4, exit_code = $5, finished_at = now(), restart_at = NULL
              WHERE id = $1 AND ($2::uuid IS NULL OR machine_id = $2) AND state NOT IN ('Completed', 'Failed')
              RETURNING run_id, machine_id, cpu_charged, memory_charged, gpus_charged),
          m AS (

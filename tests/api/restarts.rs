@@ -167,3 +167,29 @@ async fn a_restart_limit_past_its_cap_or_without_on_failure_is_refused_naming_it
     }
     assert_eq!(app.get("/runs").await.json()["items"], json!([]));
 }
+
+#[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
+async fn a_worker_waiting_to_restart_fails_for_good_when_its_machine_is_deleted(db: sqlx::PgPool) {
+    let app = spawn_app(db).await;
+    let admin = app.token_for("default", astraeus::domain::role::Role::Admin, true).await;
+    let gpu01 = app.join_machine("gpu-01", 2).await;
+    assert_eq!(app.create_run(&run("job", "OnFailure", None)).await.status, 201);
+    assert_eq!(astraeus::scheduler::tick(&app.db).await.unwrap(), 1);
+    assert_eq!(report(&app, &gpu01, "job-0", "Running", None).await, 200);
+    assert_eq!(report(&app, &gpu01, "job-0", "Failed", Some(1)).await, 200);
+    assert_eq!(status(&app, "job-0").await["state"], "Preparing");
+
+    let deleted = app.request(reqwest::Method::DELETE, "/machines/gpu-01", Some(&admin), None).await;
+    assert_eq!(deleted.status, 204, "{}", deleted.text);
+    let failed = status(&app, "job-0").await;
+    assert_eq!((&failed["state"], &failed["restarts"]), (&json!("Failed"), &json!(1)), "{failed}");
+    assert!(failed["reason"].as_str().unwrap().contains("machine gpu-01 was deleted"), "{failed}");
+    assert_eq!(run_status(&app, "job").await.0, "Failed");
+    // Nothing is left to start again, nor waits in the restart controller's index.
+    let waiting: i64 = sqlx::query_scalar("SELECT count(*) FROM workers WHERE restart_at IS NOT NULL")
+        .fetch_one(&app.db)
+        .await
+        .unwrap();
+    assert_eq!(waiting, 0);
+    assert_eq!(restart::tick(&app.db, Utc::now() + Duration::hours(1)).await.unwrap(), 0);
+}

@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::api::{self, AppState};
 use crate::auth::Keys;
-use crate::controllers::{drain, janitor, liveness, pressure, reseal};
+use crate::controllers::{drain, janitor, liveness, pressure, reseal, restart};
 use crate::domain::log_budget::Limits;
 use crate::scheduler;
 use crate::settings::{ControllerArgs, ServeArgs};
@@ -94,6 +94,7 @@ pub fn start_loops(app: &AppState, c: &ControllerArgs, stop: &CancellationToken)
     set.spawn(liveness::run(app.db.clone(), grace, stop.clone()));
     set.spawn(drain::run(app.db.clone(), stop.clone()));
     set.spawn(pressure::run(app.db.clone(), stop.clone()));
+    set.spawn(restart::run(app.db.clone(), stop.clone()));
     set.spawn(reseal::run(app.db.clone(), app.keys.clone(), stop.clone()));
     let (hub, db, beats_stop) = (app.hub.clone(), app.db.clone(), stop.clone());
     set.spawn(async move { hub.beats.run(db, crate::beats::flush_every(grace), beats_stop).await });

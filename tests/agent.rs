@@ -716,3 +716,43 @@ async fn a_fill_gets_its_env_and_secrets_and_nothing_shows_the_secrets_value(poo
         assert!(leaks.is_empty(), "{}'s log holds the secret: {leaks:?}", proc.name);
     }
 }
+
+#[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
+async fn an_on_failure_worker_runs_again_in_a_new_container_on_its_machine_until_it_succeeds(pool: PgPool) {
+    let cluster = Cluster::start(&pool).await;
+    let api = &cluster.api;
+    let host = shared_drive(api).await;
+    // Each life counts itself in the drive; the first two fail, the third succeeds.
+    let script = "n=$(($(cat /data/lives 2>/dev/null || echo 0) + 1)); echo $n > /data/lives; \
+                  echo life $n; test $n -ge 3";
+    let mut run = run_mounting("again", script, json!([{"name": "shared-data", "mode": "ReadWrite"}]));
+    run["spec"]["task_template"]["restart_policy"] = json!("OnFailure");
+    run["spec"]["task_template"]["restart_limit"] = json!(2);
+    api.create_run(&run).await;
+
+    let reason = "worker again-0 restarting (1 of 2) after: exited with code 1";
+    eventually("the run says its worker restarts", || async {
+        let run = api.run("again").await;
+        if run["status"]["reason"] == reason { Ok(()) } else { Err(run["status"].to_string()) }
+    })
+    .await;
+    // Each backoff is waited for in turn: 10 s, then 20 s.
+    eventually("the worker restarts a second time", || async {
+        let worker = api.worker("again-0").await;
+        if worker["status"]["restarts"] == 2 { Ok(()) } else { Err(worker["status"].to_string()) }
+    })
+    .await;
+    let run = api.wait_run_ended("again").await;
+    assert_eq!(run["status"]["state"], "Completed", "{run}");
+    let worker = api.worker("again-0").await;
+    assert_eq!(
+        (&worker["status"]["restarts"], &worker["status"]["exit_code"], &worker["status"]["machine"]),
+        (&json!(2), &json!(0), &json!("gpu-01")),
+        "{worker}"
+    );
+    assert_eq!(std::fs::read_to_string(host.path().join("ds/lives")).unwrap(), "3\n");
+    assert_eq!(api.logs("again-0").await, "life 1\nlife 2\nlife 3\n");
+    let events = api.get("/events?object=worker/again-0").await.expect(StatusCode::OK);
+    let restarts = events["items"].as_array().unwrap().iter().filter(|e| e["reason"] == "Restarting").count();
+    assert_eq!(restarts, 2, "{events}");
+}

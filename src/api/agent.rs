@@ -26,6 +26,7 @@ use crate::beats;
 use crate::domain::drive::{Location, full_name};
 use crate::domain::grant::{self, Grant};
 use crate::domain::quantity::human_bytes;
+use crate::domain::restart;
 use crate::domain::run::{RunSpec, WorkerState};
 use crate::domain::task::{Mode, PULL_AUTH_KEY};
 use crate::domain::{Name, Problems};
@@ -534,6 +535,67 @@ async fn ended(
     store::machines::touch_assignments(&mut *tx, &[machine]).await
 }
 
+/// What a worker its machine reports failed does: waits to start again there, or ends.
+enum Failed {
+    Restarting { run: Uuid, after: Duration, reason: String },
+    Ended(Option<Uuid>),
+}
+
+/// Restarts the worker on its machine when its run's `restart_policy` says so
+/// ([`restart::decide`]), or ends it; the run is locked.
+async fn failed(
+    tx: &mut PgConnection,
+    worker: Uuid,
+    machine: Uuid,
+    reason: &str,
+    exit_code: Option<i32>,
+) -> sqlx::Result<Failed> {
+    let Some(w) = store::workers::failing(&mut *tx, worker, machine).await?.filter(|w| !w.waiting) else {
+        return Ok(Failed::Ended(None));
+    };
+    let failure = restart::Failure {
+        was_running: w.state == WorkerState::Running,
+        fill: w.fill,
+        restarts: w.restarts.max(0) as u32,
+        reason,
+    };
+    let reason = match restart::decide(&w.spec.task_template, failure) {
+        restart::Next::Restart { after, reason, .. } => {
+            let again =
+                store::workers::restart(&mut *tx, worker, machine, w.restarts, &reason, exit_code, after)
+                    .await?;
+            if let Some(run) = again {
+                return Ok(Failed::Restarting { run, after, reason });
+            }
+            // Changed since it was read: it ends, if it has not already.
+            failure.reason.to_owned()
+        }
+        restart::Next::Fail { reason } => reason,
+    };
+    let run =
+        store::workers::finish(tx, worker, Some(machine), WorkerState::Failed, &reason, exit_code).await?;
+    Ok(Failed::Ended(run))
+}
+
+/// Records that the worker will start again, and when.
+async fn restarted(tx: &mut PgConnection, worker: Uuid, after: Duration, reason: &str) -> sqlx::Result<()> {
+    let Some((workspace, name)) = store::workers::identity(&mut *tx, worker).await? else {
+        return Ok(());
+    };
+    metrics::counter!("astraeus_worker_restarts_total").increment(1);
+    let message = format!("{reason}; starts again in {}s", after.as_secs());
+    let event = store::events::New {
+        workspace: Some(workspace),
+        object_kind: "worker",
+        object_name: &name,
+        warning: true,
+        reason: "Restarting",
+        message: &message,
+        source: "api",
+    };
+    store::events::record(&mut *tx, &event).await
+}
+
 /// Turns a worker row into what the agent runs: mounts resolved, secrets as opened.
 fn assignment(
     refs: &Referenced,
@@ -631,13 +693,21 @@ async fn report_status(
         return Ok(Json(Ack { accepted: false }));
     }
     let reason = cut(&report.reason);
+    let mut restarting = None;
     let run = match report.state {
         WorkerState::Preparing => store::workers::preparing(&mut tx, id, caller.id, reason).await?,
         WorkerState::Running => store::workers::start(&mut tx, id, caller.id).await?,
-        WorkerState::Completed | WorkerState::Failed => {
+        WorkerState::Completed => {
             store::workers::finish(&mut tx, id, Some(caller.id), report.state, reason, report.exit_code)
                 .await?
         }
+        WorkerState::Failed => match failed(&mut tx, id, caller.id, reason, report.exit_code).await? {
+            Failed::Restarting { run, after, reason } => {
+                restarting = Some((after, reason));
+                Some(run)
+            }
+            Failed::Ended(run) => run,
+        },
         other => {
             return Err(ApiError::invalid(
                 "state",
@@ -665,7 +735,10 @@ async fn report_status(
         }
     }
     store::workers::refresh_locked_run(&mut tx, run).await?;
-    if report.state.is_terminal() {
+    if let Some((after, reason)) = restarting {
+        restarted(&mut tx, id, after, &reason).await?;
+        hub::worker_changed(&mut *tx, id).await?;
+    } else if report.state.is_terminal() {
         ended(&mut tx, caller.id, run, id, report.state).await?;
     } else {
         hub::worker_changed(&mut *tx, id).await?;

@@ -61,6 +61,8 @@ pub struct WorkerStatus {
     /// Lines of output not kept: the earliest past the last 20,000, and those past the worker's
     /// cap or its workspace's quota in bytes (a line in the log says when that happened).
     pub log_dropped: i64,
+    /// Times `restart_policy: OnFailure` started it again after it failed.
+    pub restarts: i32,
 }
 
 /// A worker as other objects list it.
@@ -98,6 +100,7 @@ pub fn to_object(namespace: &str, w: WorkerRecord) -> Worker {
             finished_at: w.finished_at,
             log_bytes: w.log_bytes,
             log_dropped: w.log_dropped,
+            restarts: w.restarts,
         },
     }
 }

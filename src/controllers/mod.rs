@@ -6,3 +6,4 @@ pub mod janitor;
 pub mod liveness;
 pub mod pressure;
 pub mod reseal;
+pub mod restart;

@@ -10,6 +10,7 @@ pub mod name;
 pub mod path;
 pub mod progress;
 pub mod quantity;
+pub mod restart;
 pub mod role;
 pub mod run;
 pub mod task;

@@ -84,17 +84,22 @@ impl RunState {
     }
 }
 
-/// One of a run's workers, as its run's summary reads it: name, state and reason.
-pub type WorkerSummary<'a> = (&'a str, WorkerState, &'a str);
+/// One of a run's workers, as its run's summary reads it: name, state, reason, and whether it
+/// waits to start again after a failure (`restart_policy: OnFailure`).
+pub type WorkerSummary<'a> = (&'a str, WorkerState, &'a str, bool);
 
 /// A run's state and reason from its workers (in index order), in the recipe's words: the first
-/// failed worker's reason, counts while they run, and while they wait, why the first waits.
+/// failed worker's reason, then the first restarting one's, counts while they run, and while
+/// they wait, why the first waits.
 pub fn summarize(workers: &[WorkerSummary]) -> (RunState, String) {
     let total = workers.len();
     let count = |s: WorkerState| workers.iter().filter(|w| w.1 == s).count();
     let (running, completed) = (count(WorkerState::Running), count(WorkerState::Completed));
-    if let Some((name, _, reason)) = workers.iter().find(|w| w.1 == WorkerState::Failed) {
+    if let Some((name, _, reason, _)) = workers.iter().find(|w| w.1 == WorkerState::Failed) {
         return (RunState::Failed, format!("worker {name} failed: {reason}"));
+    }
+    if let Some((name, _, reason, _)) = workers.iter().find(|w| w.3 && !w.1.is_terminal()) {
+        return (RunState::Running, format!("worker {name} {reason}"));
     }
     if total > 0 && completed == total {
         return (RunState::Completed, "All workers completed".into());
@@ -150,7 +155,7 @@ mod tests {
             (&[], "Waiting for workers to start"),
         ];
         for (workers, reason) in cases {
-            let named: Vec<WorkerSummary> = workers.iter().map(|&(s, r)| ("w", s, r)).collect();
+            let named: Vec<WorkerSummary> = workers.iter().map(|&(s, r)| ("w", s, r, false)).collect();
             assert_eq!(summarize(&named), (RunState::Pending, reason.to_owned()), "{workers:?}");
         }
     }
@@ -166,7 +171,7 @@ mod tests {
             (&[Completed, Pending], RunState::Running, "1 of 2 workers completed"),
         ];
         for (states, state, reason) in cases {
-            let named: Vec<WorkerSummary> = states.iter().map(|&s| ("w", s, "")).collect();
+            let named: Vec<WorkerSummary> = states.iter().map(|&s| ("w", s, "", false)).collect();
             assert_eq!(summarize(&named), (state, reason.to_string()), "{states:?}");
         }
     }
@@ -198,8 +203,22 @@ mod tests {
 
     #[test]
     fn one_failed_worker_fails_the_run_and_says_why() {
-        let (state, reason) = summarize(&[("r-0", Completed, ""), ("r-1", Failed, "exited with code 3")]);
+        let (state, reason) =
+            summarize(&[("r-0", Completed, "", false), ("r-1", Failed, "exited with code 3", false)]);
         assert_eq!(state, RunState::Failed);
         assert_eq!(reason, "worker r-1 failed: exited with code 3");
+    }
+
+    #[test]
+    fn a_restarting_worker_names_itself_in_its_runs_reason_until_one_fails() {
+        let again = "restarting (2 of 3) after: exited with code 1";
+        let (state, reason) = summarize(&[("r-0", Running, "", false), ("r-1", Preparing, again, true)]);
+        assert_eq!(
+            (state, reason.as_str()),
+            (RunState::Running, "worker r-1 restarting (2 of 3) after: exited with code 1")
+        );
+        let (state, reason) =
+            summarize(&[("r-0", Failed, "exited with code 3", false), ("r-1", Preparing, again, true)]);
+        assert_eq!((state, reason.as_str()), (RunState::Failed, "worker r-0 failed: exited with code 3"));
     }
 }

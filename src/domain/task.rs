@@ -21,6 +21,10 @@ pub const MAX_TASK_BYTES: usize = 256 * 1024;
 const MAX_MEMORY: u64 = 1 << 50;
 /// Thirty days.
 const MAX_TIME_LIMIT: u64 = 30 * 24 * 3600;
+/// Restarts a worker may have when its run sets none.
+pub const DEFAULT_RESTART_LIMIT: u32 = 3;
+/// Each restart holds the worker's machine for up to its backoff: a hundred is days of it.
+pub const MAX_RESTART_LIMIT: u32 = 100;
 /// The key of an `image_pull_secret` that holds the registry auth file.
 pub const PULL_AUTH_KEY: &str = "AUTH_JSON";
 
@@ -37,8 +41,14 @@ pub struct TaskTemplate {
     pub args: Vec<String>,
     #[serde(default)]
     pub env: BTreeMap<String, String>,
+    /// `OnFailure` starts a worker that failed while it ran (a non-zero exit, killed, out of
+    /// memory, past its time limit) again on the same machine, after a backoff.
     #[serde(default)]
     pub restart_policy: RestartPolicy,
+    /// How many times `OnFailure` starts a worker again before it fails for good (default 3).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 0, maximum = 100)]
+    pub restart_limit: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(minimum = 1, maximum = 2592000)]
     pub time_limit_seconds: Option<u64>,
@@ -174,6 +184,13 @@ impl TaskTemplate {
                 format!("must be between 1 and {MAX_TIME_LIMIT} (30 days)"),
             );
         }
+        if let Some(limit) = self.restart_limit {
+            if self.restart_policy != RestartPolicy::OnFailure {
+                p.add(format!("{at}.restart_limit"), "is only used with restart_policy OnFailure");
+            } else if limit > MAX_RESTART_LIMIT {
+                p.add(format!("{at}.restart_limit"), format!("must be at most {MAX_RESTART_LIMIT}"));
+            }
+        }
         self.requested_resources.check(&format!("{at}.requested_resources"), p);
         if self.datavolume_refs.len() > MAX_REFS {
             p.add(format!("{at}.datavolume_refs"), format!("has more than {MAX_REFS} drives"));
@@ -293,6 +310,7 @@ mod tests {
             ("command", serde_json::json!("  "), "t.command"),
             ("env", serde_json::json!({"1BAD": "x"}), "t.env.1BAD"),
             ("time_limit_seconds", serde_json::json!(0), "t.time_limit_seconds"),
+            ("restart_limit", serde_json::json!(2), "t.restart_limit"),
             (
                 "datavolume_refs",
                 serde_json::json!([{"name": "a", "mount_path": "/d"}, {"name": "b", "mount_path": "/d"}]),
@@ -355,6 +373,23 @@ mod tests {
         let refs: Vec<_> = (0..65).map(|i| serde_json::json!({"name": format!("s{i}")})).collect();
         json["secret_refs"] = serde_json::json!(refs);
         assert_eq!(problems(&template(json))[0].0, "t.secret_refs");
+    }
+
+    #[test]
+    fn a_restart_limit_goes_with_on_failure_and_up_to_its_cap() {
+        let mut json = base();
+        json["restart_policy"] = serde_json::json!("OnFailure");
+        let t = template(json.clone());
+        assert!(problems(&t).is_empty() && t.restart_limit.is_none());
+        json["restart_limit"] = serde_json::json!(100);
+        assert!(problems(&template(json.clone())).is_empty());
+        json["restart_limit"] = serde_json::json!(101);
+        assert_eq!(
+            problems(&template(json.clone())),
+            [("t.restart_limit".to_owned(), "must be at most 100".to_owned())]
+        );
+        json["restart_limit"] = serde_json::json!(-1);
+        assert!(serde_json::from_value::<TaskTemplate>(json).is_err());
     }
 
     #[test]

@@ -27,11 +27,13 @@ pub struct WorkerRecord {
     pub log_bytes: i64,
     /// Lines not kept: the earliest past the bound in lines, and those past a bound in bytes.
     pub log_dropped: i64,
+    /// Times `restart_policy: OnFailure` started it again.
+    pub restarts: i32,
 }
 
 const SELECT: &str = "SELECT w.id, w.run_id, r.name AS run_name, w.name, w.index, w.state, w.reason,
         mc.name AS machine, w.exit_code, w.transports, w.created_at, w.started_at, w.finished_at,
-        w.log_bytes, w.log_dropped + w.log_refused AS log_dropped
+        w.log_bytes, w.log_dropped + w.log_refused AS log_dropped, w.restarts
     FROM workers w JOIN runs r ON r.id = w.run_id LEFT JOIN machines mc ON mc.id = w.machine_id";
 
 /// A page of the run's workers in index order, from just after index `after`, read along
@@ -287,7 +289,7 @@ pub async fn finish(
 ) -> sqlx::Result<Option<Uuid>> {
     sqlx::query_scalar(
         "WITH w AS (
-             UPDATE workers SET state = $3, reason = $4, exit_code = $5, finished_at = now()
+             UPDATE workers SET state = $3, reason = $4, exit_code = $5, finished_at = now(), restart_at = NULL
              WHERE id = $1 AND ($2::uuid IS NULL OR machine_id = $2) AND state NOT IN ('Completed', 'Failed')
              RETURNING run_id, machine_id, cpu_charged, memory_charged, gpus_charged),
          m AS (
@@ -302,6 +304,81 @@ pub async fn finish(
     .bind(reason)
     .bind(exit_code)
     .fetch_optional(&mut *tx)
+    .await
+}
+
+/// A worker its machine reports failed, as the restart decision needs it.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct Failing {
+    pub state: WorkerState,
+    pub restarts: i32,
+    pub spec: Json<RunSpec>,
+    pub fill: bool,
+    /// Waits out a restart's backoff: its agent runs nothing of it, so a failure reported now
+    /// is the one that began the wait, heard again.
+    pub waiting: bool,
+}
+
+/// The worker on that machine, with its run's spec; `None` when it is not there.
+pub async fn failing(db: impl PgExecutor<'_>, worker: Uuid, machine: Uuid) -> sqlx::Result<Option<Failing>> {
+    sqlx::query_as(
+        "SELECT w.state, w.restarts, r.spec, r.fill_drive_id IS NOT NULL AS fill,
+             w.restart_at IS NOT NULL AS waiting
+         FROM workers w JOIN runs r ON r.id = w.run_id WHERE w.id = $1 AND w.machine_id = $2",
+    )
+    .bind(worker)
+    .bind(machine)
+    .fetch_optional(db)
+    .await
+}
+
+/// Sends a worker that failed while it ran back to wait on its machine, keeping what it holds
+/// there, until `after` has passed: the restart controller then lists it to its agent again.
+/// Only from `Running` with `restarts` as read, so two reports of one failure count it once.
+/// Returns the run.
+pub async fn restart(
+    tx: &mut PgConnection,
+    worker: Uuid,
+    machine: Uuid,
+    restarts: i32,
+    reason: &str,
+    exit_code: Option<i32>,
+    after: std::time::Duration,
+) -> sqlx::Result<Option<Uuid>> {
+    sqlx::query_scalar(
+        "UPDATE workers SET state = 'Preparing', reason = $4, exit_code = $5, restarts = restarts + 1,
+             restart_at = now() + make_interval(secs => $6)
+         WHERE id = $1 AND machine_id = $2 AND state = 'Running' AND released AND restarts = $3
+         RETURNING run_id",
+    )
+    .bind(worker)
+    .bind(machine)
+    .bind(restarts)
+    .bind(reason)
+    .bind(exit_code)
+    .bind(after.as_secs_f64())
+    .fetch_optional(&mut *tx)
+    .await
+}
+
+/// Ends the backoff of the workers due to restart by `now` and bumps their machines'
+/// assignment versions in the same statement, which wakes their agents on commit; returns
+/// those machines. Workers are locked before machines, each in id order, as everywhere.
+pub async fn restart_due(db: impl PgExecutor<'_>, now: DateTime<Utc>) -> sqlx::Result<Vec<Uuid>> {
+    sqlx::query_scalar(
+        "WITH due AS (
+             SELECT id FROM workers WHERE restart_at <= $1 ORDER BY id FOR UPDATE SKIP LOCKED),
+         woken AS (
+             UPDATE workers w SET restart_at = NULL FROM due WHERE w.id = due.id RETURNING w.machine_id),
+         locked AS (
+             SELECT id FROM machines WHERE id IN (SELECT machine_id FROM woken) ORDER BY id FOR NO KEY UPDATE)
+         UPDATE machines m SET assign_version = m.assign_version + 1
+         FROM (SELECT count(*) FROM locked) AS l
+         WHERE m.id IN (SELECT id FROM locked)
+         RETURNING m.id",
+    )
+    .bind(now)
+    .fetch_all(db)
     .await
 }
 
@@ -340,7 +417,7 @@ pub async fn unbind_waiting(tx: &mut PgConnection, machine: Uuid, reason: &str) 
     sqlx::query_scalar(
         "WITH w AS (
              UPDATE workers w SET state = 'Pending', machine_id = NULL, released = false, reason = $2,
-                 transports = '{}', cpu_charged = 0, memory_charged = 0, gpus_charged = 0
+                 transports = '{}', cpu_charged = 0, memory_charged = 0, gpus_charged = 0, restart_at = NULL
              FROM workers old JOIN runs r ON r.id = old.run_id
              WHERE w.id = old.id AND old.machine_id = $1 AND old.state = 'Preparing' AND r.fill_drive_id IS NULL
              RETURNING w.run_id, old.cpu_charged, old.memory_charged, old.gpus_charged),
@@ -395,12 +472,16 @@ pub async fn refresh_runs(db: &sqlx::PgPool, runs: &mut Vec<Uuid>) -> sqlx::Resu
 
 /// [`refresh_run`] for a transaction that already holds the run's lock ([`lock_run_of`]).
 pub async fn refresh_locked_run(tx: &mut PgConnection, run: Uuid) -> sqlx::Result<()> {
-    let rows: Vec<(String, WorkerState, String)> =
-        sqlx::query_as("SELECT name, state, reason FROM workers WHERE run_id = $1 ORDER BY index")
-            .bind(run)
-            .fetch_all(&mut *tx)
-            .await?;
-    let workers: Vec<WorkerSummary> = rows.iter().map(|(n, s, r)| (n.as_str(), *s, r.as_str())).collect();
+    // A Preparing worker that has restarted waits to start again (`restart`).
+    let rows: Vec<(String, WorkerState, String, bool)> = sqlx::query_as(
+        "SELECT name, state, reason, state = 'Preparing' AND restarts > 0 FROM workers
+         WHERE run_id = $1 ORDER BY index",
+    )
+    .bind(run)
+    .fetch_all(&mut *tx)
+    .await?;
+    let workers: Vec<WorkerSummary> =
+        rows.iter().map(|(n, s, r, again)| (n.as_str(), *s, r.as_str(), *again)).collect();
     let (state, reason) = summarize(&workers);
     sqlx::query(
         "UPDATE runs SET state = $2, reason = $3, updated_at = now()
@@ -444,7 +525,7 @@ pub async fn assigned_to(
          FROM workers w JOIN runs r ON r.id = w.run_id JOIN workspaces s ON s.id = w.workspace_id
          LEFT JOIN drives fd ON fd.id = r.fill_drive_id
          WHERE w.machine_id = $1 AND w.released AND w.state IN ('Preparing', 'Running')
-           AND ($2::uuid IS NULL OR w.id > $2)
+           AND w.restart_at IS NULL AND ($2::uuid IS NULL OR w.id > $2)
          ORDER BY w.id",
     )
     .bind(machine)

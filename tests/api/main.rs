@@ -14,6 +14,7 @@ mod odd_input;
 mod openapi;
 mod overload;
 mod progress;
+mod restarts;
 mod roles;
 mod runs;
 mod secrets;

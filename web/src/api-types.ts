@@ -3095,6 +3095,15 @@ export interface components {
             image: string;
             image_pull_secret?: null | components["schemas"]["Name"];
             requested_resources: components["schemas"]["Resources"];
+            /**
+             * Format: int32
+             * @description How many times `OnFailure` starts a worker again before it fails for good (default 3).
+             */
+            restart_limit?: number | null;
+            /**
+             * @description `OnFailure` starts a worker that failed while it ran (a non-zero exit, killed, out of
+             *     memory, past its time limit) again on the same machine, after a backoff.
+             */
             restart_policy?: components["schemas"]["RestartPolicy"];
             secret_refs?: components["schemas"]["SecretRef"][];
             /** Format: int64 */
@@ -3171,6 +3180,11 @@ export interface components {
             /** @description The machine the worker was placed on. */
             machine?: string | null;
             reason: string;
+            /**
+             * Format: int32
+             * @description Times `restart_policy: OnFailure` started it again after it failed.
+             */
+            restarts: number;
             /** Format: date-time */
             started_at?: string | null;
             state: components["schemas"]["WorkerState"];

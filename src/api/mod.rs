@@ -253,6 +253,12 @@ pub fn router(state: AppState) -> Router {
     // Counters recorded before the recorder exists would be lost.
     crate::observe::handle();
     let (api, spec) = api();
+    // Answers hold tokens, secrets' names and state that changes by the second: no browser or
+    // proxy keeps one.
+    let api = api.layer(tower_http::set_header::SetResponseHeaderLayer::if_not_present(
+        axum::http::header::CACHE_CONTROL,
+        axum::http::HeaderValue::from_static("no-store"),
+    ));
     let open = Router::new()
         .merge(agent::open_router())
         .route("/healthz", get(health::healthz))

@@ -7,11 +7,15 @@ use crate::helpers::*;
 
 const GB: u64 = 1_000_000_000;
 
-/// A heartbeat of `gpu-01` reporting its copy of food101 holding `bytes`, as its agent sends it.
-async fn beat(app: &TestApp, credential: &str, bytes: u64, complete: bool) {
+/// A heartbeat of `gpu-01` reporting its copy of food101 (made for `drive`) holding `bytes`, as
+/// its agent sends it.
+async fn beat(app: &TestApp, credential: &str, drive: Uuid, bytes: u64, complete: bool) {
+    let copy = json!({
+        "drive": "default.food101", "drive_id": drive, "bytes": bytes, "complete": complete, "last_used_at": null,
+    });
     let body = json!({
         "data_location": {"total_bytes": 100 * GB, "used_bytes": bytes, "free_bytes": 100 * GB - bytes},
-        "copies": [{"drive": "default.food101", "bytes": bytes, "complete": complete, "last_used_at": null}],
+        "copies": [copy],
     });
     let reply = app
         .client
@@ -47,7 +51,7 @@ async fn a_filling_copy_shows_its_rate_and_time_left_after_two_heartbeats(db: sq
     assert_eq!(progress(&app).await, json!({"bytes": 0, "size_hint_bytes": 6 * GB, "percent": 0.0}));
 
     // 1 GB of 6 GB = 16.7%; one observation gives no rate.
-    beat(&app, &credential, GB, false).await;
+    beat(&app, &credential, drive, GB, false).await;
     assert_eq!(progress(&app).await, json!({"bytes": GB, "size_hint_bytes": 6 * GB, "percent": 16.7}));
 
     // The next heartbeat, 20 s later: the first observation is moved 20 s back rather than
@@ -56,7 +60,7 @@ async fn a_filling_copy_shows_its_rate_and_time_left_after_two_heartbeats(db: sq
         .execute(&app.db)
         .await
         .unwrap();
-    beat(&app, &credential, 3 * GB, false).await;
+    beat(&app, &credential, drive, 3 * GB, false).await;
     let (sample, span): (i64, f64) = sqlx::query_as(
         "SELECT progress_bytes, extract(epoch FROM bytes_at - progress_at)::float8 FROM copies",
     )
@@ -78,11 +82,11 @@ async fn a_filling_copy_shows_its_rate_and_time_left_after_two_heartbeats(db: sq
     assert!((25..=30).contains(&eta), "{p}");
 
     // A heartbeat that repeats the report changes nothing.
-    beat(&app, &credential, 3 * GB, false).await;
+    beat(&app, &credential, drive, 3 * GB, false).await;
     assert_eq!(progress(&app).await["bytes_per_second"], 100_000_000);
 
     // Whole: no progress any more.
-    beat(&app, &credential, 6 * GB, true).await;
+    beat(&app, &credential, drive, 6 * GB, true).await;
     let drive = app.get_drive("food101").await.json();
     assert_eq!(drive["copies"][0]["state"], "Complete", "{drive}");
     assert_eq!(drive["copies"][0].get("progress"), None, "{drive}");

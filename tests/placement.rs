@@ -692,7 +692,6 @@ async fn a_fill_that_never_writes_its_marker_fails_its_copy_after_three_fills(po
     assert_eq!(drive["copies"][0]["state"], "Failed", "{drive}");
     // Three fills, and no fourth: the copy waits for its fill run to be deleted.
     assert_eq!(cluster.worker_names("fill-food101-gpu-01").await.len(), 3);
-    assert_eq!(api.run("reader").await["status"]["reason"], reason.as_str());
     cluster.stop().await;
 }
 

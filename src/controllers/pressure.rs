@@ -12,7 +12,7 @@ use uuid::Uuid;
 
 use crate::domain::quantity::human_bytes;
 use crate::scheduler::evict;
-use crate::scheduler::snapshot::{CopyState, CopyView};
+use crate::scheduler::snapshot::CopyView;
 use crate::store::{self, copies::Pressed};
 
 const EVERY: Duration = Duration::from_secs(10);
@@ -63,17 +63,7 @@ pub async fn tick(db: &PgPool) -> anyhow::Result<usize> {
         let copies: HashMap<Uuid, CopyView> = store::copies::on_machine_for_eviction(&mut *tx, p.machine_id)
             .await?
             .into_iter()
-            .map(|c| {
-                let view = CopyView {
-                    state: CopyState::parse(&c.state),
-                    bytes: c.bytes,
-                    size_hint: c.size_hint,
-                    evictable: c.evictable,
-                    in_use: c.in_use,
-                    last_used_at: c.last_used_at,
-                };
-                (c.drive_id, view)
-            })
+            .map(|c| (c.drive_id, evict::view(&c, false)))
             .collect();
         let gone = evict::plan(&copies, need);
         if gone.is_empty() {

@@ -4,7 +4,20 @@ use std::collections::HashMap;
 
 use uuid::Uuid;
 
-use super::snapshot::{CopyView, is_evictable};
+use super::snapshot::{CopyState, CopyView, is_evictable};
+use crate::store::copies::EvictionCopy;
+
+/// A copy as eviction weighs it; `in_use` also when a worker not yet known to Postgres mounts it.
+pub fn view(c: &EvictionCopy, in_use: bool) -> CopyView {
+    CopyView {
+        state: CopyState::parse(&c.state),
+        bytes: c.bytes,
+        size_hint: c.size_hint,
+        evictable: c.evictable,
+        in_use: c.in_use || in_use,
+        last_used_at: c.last_used_at,
+    }
+}
 
 /// Drives whose copies to remove so that `need` more bytes fit; unused, evictable, whole
 /// copies only, never used ones first then oldest use first. Empty when `need` is already met.

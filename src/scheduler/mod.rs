@@ -330,18 +330,8 @@ async fn evict_for(
     let copies: HashMap<Uuid, CopyView> = store::copies::on_machine_for_eviction(&mut *tx, m.id)
         .await?
         .into_iter()
-        .map(|c| {
-            let view = CopyView {
-                state: CopyState::parse(&c.state),
-                bytes: c.bytes,
-                size_hint: c.size_hint,
-                evictable: c.evictable,
-                // Postgres does not know yet of the pass's own binds.
-                in_use: c.in_use || held.contains(&(m.id, c.drive_id)),
-                last_used_at: c.last_used_at,
-            };
-            (c.drive_id, view)
-        })
+        // Postgres does not know yet of the pass's own binds.
+        .map(|c| (c.drive_id, evict::view(&c, held.contains(&(m.id, c.drive_id)))))
         .collect();
     let gone = evict::plan(&copies, need);
     if gone.is_empty() {

@@ -65,23 +65,6 @@ async fn a_list_limit_out_of_range_names_the_limit_field(db: sqlx::PgPool) {
     assert_eq!(reply.fields(), [("limit".to_owned(), "must be between 1 and 1000".to_owned())]);
 }
 
-/// Joins machine `name` with `cpu_cores` cores, as its agent would: its credential.
-pub async fn join_machine(app: &TestApp, name: &str, cpu_cores: u32) -> String {
-    let admin = app.token_for("default", Role::Admin, true).await;
-    let body = json!({"ttl_seconds": 600});
-    let minted = app.request(Method::POST, "/clusters/main/join-tokens", Some(&admin), Some(&body)).await;
-    assert_eq!(minted.status, 201, "{}", minted.text);
-    let body = json!({
-        "join_token": minted.json()["token"],
-        "name": name,
-        "capacity": {"cpu_cores": cpu_cores, "memory_bytes": 1u64 << 40, "gpus": 0},
-    });
-    let joined = app.client.post(format!("{}/agent/v1/join", app.address)).json(&body).send().await.unwrap();
-    assert!(joined.status().is_success());
-    let joined: serde_json::Value = joined.json().await.unwrap();
-    joined["credential"].as_str().unwrap().to_owned()
-}
-
 /// A run of `replicas` one-core workers that mount nothing, each carrying `arg_bytes` of args.
 pub fn heavy_run(name: &str, replicas: u32, arg_bytes: usize) -> serde_json::Value {
     let mut run = recipe_run();
@@ -100,7 +83,7 @@ pub fn heavy_run(name: &str, replicas: u32, arg_bytes: usize) -> serde_json::Val
 async fn a_machine_with_many_large_workers_gets_them_in_bounded_answers_and_misses_none(db: sqlx::PgPool) {
     use astraeus::api::agent::ANSWER_BYTES;
     let app = spawn_app(db).await;
-    let credential = join_machine(&app, "gpu-01", 40).await;
+    let credential = app.join_machine("gpu-01", 40).await;
     // 30 workers × 200 KiB = 6 MB of assignments, more than one answer may carry.
     let reply = app.create_run(&heavy_run("big", 30, 200 * 1024)).await;
     assert_eq!(reply.status, 201, "{}", reply.text);
@@ -189,7 +172,7 @@ async fn a_flood_of_joins_and_probes_from_one_address_is_limited_and_users_are_s
 #[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
 async fn a_heartbeat_body_past_its_cap_is_refused_before_it_is_read_whole(db: sqlx::PgPool) {
     let app = spawn_app(db).await;
-    let credential = join_machine(&app, "gpu-01", 1).await;
+    let credential = app.join_machine("gpu-01", 1).await;
     // 33 chunks of 1 MiB, then a body that never ends: only a refusal made before the end
     // can answer.
     let chunks = futures::stream::iter((0..33).map(|_| Ok::<_, std::io::Error>(vec![b' '; 1 << 20])))

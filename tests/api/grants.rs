@@ -26,20 +26,6 @@ fn mounting(name: &str, refs: Value) -> Value {
     run
 }
 
-async fn join(app: &TestApp, name: &str) {
-    let admin = app.token_for("default", Role::Admin, true).await;
-    let body = json!({"ttl_seconds": 600});
-    let minted = app.request(Method::POST, "/clusters/main/join-tokens", Some(&admin), Some(&body)).await;
-    assert_eq!(minted.status, 201, "{}", minted.text);
-    let body = json!({
-        "join_token": minted.json()["token"],
-        "name": name,
-        "capacity": {"cpu_cores": 8, "memory_bytes": 1u64 << 40, "gpus": 0},
-    });
-    let joined = app.client.post(format!("{}/agent/v1/join", app.address)).json(&body).send().await.unwrap();
-    assert!(joined.status().is_success(), "{}", joined.text().await.unwrap());
-}
-
 #[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
 async fn grants_are_paths_alone_read_only_or_paths_with_a_mode(db: sqlx::PgPool) {
     let app = spawn_app(db).await;
@@ -98,7 +84,7 @@ async fn a_worker_whose_host_path_is_no_longer_granted_fails_with_the_reason_and
     db: sqlx::PgPool,
 ) {
     let app = spawn_app(db).await;
-    join(&app, "gpu-01").await;
+    app.join_machine("gpu-01", 8).await;
     app.grant_as("default", "/scratch", Mode::ReadOnly).await;
     assert_eq!(app.create_drive(&shared("ml", "/scratch/ml", "ReadOnly")).await.status, 201);
     let refs = json!([{"name": "ml"}]);

@@ -15,22 +15,6 @@ use sha2::{Digest, Sha256};
 
 use crate::helpers::*;
 
-/// Joins a machine with room for `cpu_cores` one-core workers; returns its credential.
-async fn join(app: &TestApp, name: &str, cpu_cores: u32) -> String {
-    let admin = app.token_for("default", Role::Admin, true).await;
-    let body = json!({"ttl_seconds": 600});
-    let minted = app.request(Method::POST, "/clusters/main/join-tokens", Some(&admin), Some(&body)).await;
-    assert_eq!(minted.status, 201, "{}", minted.text);
-    let body = json!({
-        "join_token": minted.json()["token"],
-        "name": name,
-        "capacity": {"cpu_cores": cpu_cores, "memory_bytes": 1u64 << 40, "gpus": 0},
-    });
-    let joined = app.client.post(format!("{}/agent/v1/join", app.address)).json(&body).send().await.unwrap();
-    assert!(joined.status().is_success());
-    joined.json::<Value>().await.unwrap()["credential"].as_str().unwrap().to_owned()
-}
-
 /// The machine's assignments, as its agent reads them.
 async fn assignments(app: &TestApp, credential: &str) -> Reply {
     let url = format!("{}/agent/v1/assignments", app.address);
@@ -133,7 +117,7 @@ async fn secret_changes(app: &TestApp) -> i64 {
 #[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
 async fn tokens_signed_before_a_rotation_still_verify_and_new_ones_name_the_new_key(db: sqlx::PgPool) {
     let old = spawn_app(db.clone()).await;
-    let credential = join(&old, "gpu-01", 1).await;
+    let credential = old.join_machine("gpu-01", 1).await;
     let new = spawn_app_with_keys(db, &rotated(&old.signing_pem), |state| state).await;
     let (old_id, new_id) = (&old.keys.newest().id, &new.keys.newest().id);
     assert_ne!(old_id, new_id);
@@ -146,7 +130,7 @@ async fn tokens_signed_before_a_rotation_still_verify_and_new_ones_name_the_new_
     let token = new.token_for("default", Role::Editor, false).await;
     assert_eq!(kid(&token), *new_id);
     assert_eq!(drives_with(&new, &token).await.status, 200);
-    let credential = join(&new, "gpu-02", 1).await;
+    let credential = new.join_machine("gpu-02", 1).await;
     assert_eq!(kid(&credential), *new_id);
     assert_eq!(assignments(&new, &credential).await.status, 200);
     // A server that does not hold the new key yet refuses what it signed.
@@ -165,7 +149,7 @@ async fn secrets_sealed_before_a_rotation_open_and_are_resealed_with_the_new_key
     overwrite(&old, "default", "legacy", None, &legacy_seal(&old.signing_pem, &plain)).await;
 
     let new = spawn_app_with_keys(db, &rotated(&old.signing_pem), |state| state).await;
-    let credential = join(&new, "gpu-01", 1).await;
+    let credential = new.join_machine("gpu-01", 1).await;
     create(&new, &new.token, "/runs", &run_with("uses", &["hf", "legacy"])).await;
     assert_eq!(astraeus::scheduler::tick(&new.db).await.unwrap(), 1);
     let expected = json!({"HF_TOKEN": "sealed-with-the-old-key", "LEGACY": "sealed-before-key-ids"});
@@ -191,7 +175,7 @@ async fn secrets_sealed_before_a_rotation_open_and_are_resealed_with_the_new_key
 #[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
 async fn a_sealed_value_moved_to_another_row_does_not_open_and_fails_only_its_worker(db: sqlx::PgPool) {
     let app = spawn_app(db).await;
-    let credential = join(&app, "gpu-01", 4).await;
+    let credential = app.join_machine("gpu-01", 4).await;
     let theirs = app.token_for("theirs", Role::Editor, false).await;
     secret(&app, &app.token, "hf", "HF_TOKEN", "the-other-workspaces-value").await;
     secret(&app, &theirs, "hf", "HF_TOKEN", "their-own-value").await;
@@ -238,7 +222,7 @@ async fn a_sealed_value_moved_to_another_row_does_not_open_and_fails_only_its_wo
 #[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
 async fn a_tampered_secret_fails_only_the_workers_using_it(db: sqlx::PgPool) {
     let app = spawn_app(db).await;
-    let credential = join(&app, "gpu-01", 4).await;
+    let credential = app.join_machine("gpu-01", 4).await;
     secret(&app, &app.token, "tampered", "TOKEN", "s3cr3t").await;
     secret(&app, &app.token, "registry", "AUTH_JSON", r#"{"auths":{}}"#).await;
     secret(&app, &app.token, "good", "GOOD", "good-value").await;

@@ -51,7 +51,7 @@ pub fn bound(s: Score, r: &Request) -> Score {
 }
 
 /// kube-scheduler's LeastAllocated: the mean of the cpu and memory shares left free, 0–100.
-fn least_allocated(m: &MachineView, r: &Request) -> i64 {
+pub fn least_allocated(m: &MachineView, r: &Request) -> i64 {
     let left =
         |free: i64, asked: i64, total: i64| if total <= 0 { 0 } else { 100 * (free - asked).max(0) / total };
     (left(m.cpu_free, r.cpu_millis, m.cpu_total) + left(m.memory_free, r.memory_bytes, m.memory_total)) / 2

@@ -133,13 +133,24 @@ pub async fn on_machine(
     .await
 }
 
-/// The copies on one machine, for choosing which to evict. `in_use` comes from one join of live
-/// workers with their runs' mounts, rather than an `EXISTS` per copy, which reads every run
-/// that ever mounted the drive once per copy.
+/// The copies on one machine, for choosing which to evict.
 pub async fn on_machine_for_eviction(
     db: impl PgExecutor<'_>,
     machine: Uuid,
 ) -> sqlx::Result<Vec<EvictionCopy>> {
+    on_machines_for_eviction(db, &[machine]).await
+}
+
+/// The copies on `machines`, for choosing which to evict. `in_use` comes from one join of live
+/// workers with their runs' mounts, rather than an `EXISTS` per copy, which reads every run
+/// that ever mounted the drive once per copy.
+pub async fn on_machines_for_eviction(
+    db: impl PgExecutor<'_>,
+    machines: &[Uuid],
+) -> sqlx::Result<Vec<EvictionCopy>> {
+    if machines.is_empty() {
+        return Ok(Vec::new());
+    }
     // A copy was last used when a worker that mounted it last started or ended there: a
     // three-day job that ended an hour ago used its copy an hour ago. Read only for the copies
     // eviction may take, and only when something is evicted.
@@ -151,10 +162,10 @@ pub async fn on_machine_for_eviction(
             ELSE c.last_used_at END AS last_used_at,
             u.machine_id IS NOT NULL AS in_use
          FROM copies c LEFT JOIN ({}) u ON u.machine_id = c.machine_id AND u.drive_id = c.drive_id
-         WHERE c.machine_id = $1",
-        in_use(" AND w.machine_id = $1", " AND machine_id = $1")
+         WHERE c.machine_id = ANY($1)",
+        in_use(" AND w.machine_id = ANY($1)", " AND machine_id = ANY($1)")
     ))
-    .bind(machine)
+    .bind(machines)
     .fetch_all(db)
     .await
 }

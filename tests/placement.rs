@@ -422,6 +422,57 @@ async fn room_for_a_workers_new_copy_never_comes_from_a_copy_it_mounts_too(pool:
 }
 
 #[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
+async fn room_for_a_new_copy_keeps_the_copy_a_queued_worker_mounts(pool: PgPool) {
+    const COPY: i64 = 100_000;
+    let fill = "set -e; head -c 100000 /dev/urandom > /drive/blob; touch /drive/.astralyx-filled";
+    let mut cluster = Cluster::start(&pool).await;
+    cluster.add_machine("gpu-01").await;
+    // Room for two copies and half of a third: 250 kB.
+    cluster.confirm("gpu-01", Some(2 * COPY + COPY / 2)).await;
+    let api = cluster.api.clone();
+    for name in ["queued", "other", "new"] {
+        api.create_drive(&placed_drive(name, COPY as u64, true, fill, 0.5)).await;
+    }
+    // Used in this order, so queued is the least recently used.
+    for drive in ["queued", "other"] {
+        let run = format!("use-{drive}");
+        api.create_run(&run_mounting(&run, "cat /data/blob > /dev/null", &[drive], 0.1)).await;
+        api.wait_completed(&run).await;
+    }
+    // A worker that mounts queued waits for more cores than the machine has.
+    api.create_run(&run_mounting("later", "true", &["queued"], 64.0)).await;
+    eventually("the big worker waits", || async {
+        let w = api.worker("later-0").await;
+        let why = w["status"]["reason"].as_str().unwrap_or_default().to_owned();
+        if why.starts_with("Insufficient cpu") { Ok(()) } else { Err(w.to_string()) }
+    })
+    .await;
+
+    // new needs 100 kB, 50 kB are free: other goes, although queued was used longer ago.
+    api.create_run(&run_mounting("use-new", "true", &["new"], 0.1)).await;
+    api.wait_completed("use-new").await;
+    let gpu01 = cluster.machine("gpu-01");
+    eventually("the evicted copy's folder is deleted", || async {
+        let dir = gpu01.copy_dir("default.other");
+        if dir.exists() { Err(format!("{} still exists", dir.display())) } else { Ok(()) }
+    })
+    .await;
+    for kept in ["queued", "new"] {
+        assert!(gpu01.copy_dir(&format!("default.{kept}")).join(".astralyx-filled").exists(), "{kept}");
+    }
+    // The eviction is told on the drive and on the machine.
+    let drive = api.get("/events?object=drive/other").await.expect(StatusCode::OK);
+    let evicted = |events: &serde_json::Value| {
+        events["items"].as_array().unwrap().iter().filter(|e| e["reason"] == "Evicted").count()
+    };
+    assert_eq!(evicted(&drive), 1, "{drive}");
+    let machine = api.get("/events?object=machine/gpu-01").await.expect(StatusCode::OK);
+    assert_eq!(evicted(&machine), 1, "{machine}");
+    api.delete_run("later").await;
+    cluster.stop().await;
+}
+
+#[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
 async fn a_run_pinned_to_a_machine_weighs_its_copies_room_and_use_there(pool: PgPool) {
     // A pass whose runs all name their machines reads only those machines' copies: the named
     // machine's must still count, with which of them are in use.

@@ -3,7 +3,7 @@
 //! least recently used first (a copy in use is never taken). Placement evicts too, but only
 //! when a new copy needs room.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::time::Duration;
 
 use sqlx::PgPool;
@@ -65,7 +65,10 @@ pub async fn tick(db: &PgPool) -> anyhow::Result<usize> {
             .into_iter()
             .map(|c| (c.drive_id, evict::view(&c, false)))
             .collect();
-        let gone = evict::plan(&copies, need);
+        // The same weighing as the scheduler's: the queue's drives last, a refill's bytes
+        // weighed with recency.
+        let queued: BTreeSet<Uuid> = store::copies::queued_drives(&mut *tx).await?.into_iter().collect();
+        let gone = evict::plan_weighing(&copies, need, &queued, Some(chrono::Utc::now()));
         if gone.is_empty() {
             continue;
         }

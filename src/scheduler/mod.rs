@@ -148,7 +148,22 @@ async fn read(
     for c in store::copies::on_machines_for_eviction(&mut *tx, &short).await? {
         evictable.entry(c.machine_id).or_default().insert(c.drive_id, evict::view(&c, false));
     }
-    Ok(Snapshot { workers, requests, fill_drives, machines, others: None, scoped, lent, grants, evictable })
+    let queued = match evictable.is_empty() {
+        true => BTreeSet::new(),
+        false => store::copies::queued_drives(&mut *tx).await?.into_iter().collect(),
+    };
+    Ok(Snapshot {
+        workers,
+        requests,
+        fill_drives,
+        machines,
+        others: None,
+        scoped,
+        lent,
+        grants,
+        evictable,
+        queued,
+    })
 }
 
 /// Writes what the pass decided, and commits: binds refused by a machine (another replica took
@@ -178,6 +193,16 @@ async fn apply(
         for id in &e.drives {
             store::events::record_for_drive(&mut *tx, *id, false, "Evicted", &e.why, "scheduler").await?;
         }
+        let on_machine = store::events::New {
+            workspace: None,
+            object_kind: "machine",
+            object_name: m,
+            warning: false,
+            reason: "Evicted",
+            message: &format!("{} copies evicted to make room", e.drives.len()),
+            source: "scheduler",
+        };
+        store::events::record(&mut *tx, &on_machine).await?;
     }
     for c in &plan.copies {
         store::copies::ensure(&mut *tx, c.drive, c.machine, c.size_hint, c.evictable).await?;

@@ -39,6 +39,8 @@ pub struct Snapshot {
     pub grants: HashMap<(Uuid, String), Vec<Grant>>,
     /// The copies of each machine that may have to evict to make room, by machine and drive.
     pub evictable: HashMap<Uuid, HashMap<Uuid, CopyView>>,
+    /// The drives Pending workers mount, these and others: read when a machine may evict.
+    pub queued: BTreeSet<Uuid>,
 }
 
 /// A copy to make, for a bound worker that lacks it; the fill controller fills it.
@@ -95,7 +97,6 @@ pub struct Plan {
 
 /// Decides the pass: each worker in turn, against the machines as the earlier workers left them.
 pub fn plan(s: &Snapshot, now: DateTime<Utc>, policy: &Policy) -> Plan {
-    let _ = now;
     let mut machines = s.machines.clone();
     let mut evictable = s.evictable.clone();
     let mut out = Plan::default();
@@ -184,7 +185,8 @@ pub fn plan(s: &Snapshot, now: DateTime<Utc>, policy: &Policy) -> Plan {
             Some(d) => (false, format!("Waiting for drive {} to be filled on {}", d.full, m.name)),
         };
         held.extend(request.placed().map(|d| (m.id, d.id)));
-        make_room(m, &lacking, &held, evictable.entry(m.id).or_default(), &mut out);
+        let room = Room { held: &held, queued: &s.queued, policy, now };
+        make_room(m, &lacking, &room, evictable.entry(m.id).or_default(), &mut out);
         if released {
             used.extend(request.placed().map(|d| (m.id, d.id)));
         }
@@ -206,13 +208,21 @@ fn explain(machines: &[MachineView], c: &Choice) -> String {
     }
 }
 
+/// What eviction weighs besides a machine's copies.
+struct Room<'a> {
+    /// The (machine, drive) pairs the pass's workers mount.
+    held: &'a BTreeSet<(Uuid, Uuid)>,
+    queued: &'a BTreeSet<Uuid>,
+    policy: &'a Policy,
+    now: DateTime<Utc>,
+}
+
 /// Makes the copies a bound worker lacks on `m`, evicting unused copies first when room is
-/// short; `held` are the (machine, drive) pairs the pass's workers mount, `copies` the
-/// machine's copies as eviction weighs them.
+/// short; `copies` are the machine's copies as eviction weighs them.
 fn make_room(
     m: &mut MachineView,
     lacking: &[&DriveNeed],
-    held: &BTreeSet<(Uuid, Uuid)>,
+    room: &Room,
     copies: &mut HashMap<Uuid, CopyView>,
     out: &mut Plan,
 ) {
@@ -220,7 +230,7 @@ fn make_room(
     for d in missing {
         let free = m.data_free.unwrap_or(0);
         if free < d.size_hint {
-            evict_for(m, d, d.size_hint - free, held, copies, out);
+            evict_for(m, d, d.size_hint - free, room, copies, out);
         }
         out.copies.push(NewCopy {
             machine: m.id,
@@ -238,15 +248,18 @@ fn evict_for(
     m: &mut MachineView,
     d: &DriveNeed,
     need: i64,
-    held: &BTreeSet<(Uuid, Uuid)>,
+    room: &Room,
     copies: &mut HashMap<Uuid, CopyView>,
     out: &mut Plan,
 ) {
     // The store does not know yet of the pass's own binds.
     for (drive, c) in copies.iter_mut() {
-        c.in_use |= held.contains(&(m.id, *drive));
+        c.in_use |= room.held.contains(&(m.id, *drive));
     }
-    let gone = evict::plan(copies, need);
+    let decisions = room.policy.decisions;
+    let none = BTreeSet::new();
+    let queued = if decisions.queue_eviction { room.queued } else { &none };
+    let gone = evict::plan_weighing(copies, need, queued, decisions.refill_cost.then_some(room.now));
     if gone.is_empty() {
         return;
     }

@@ -15,6 +15,29 @@ use super::snapshot::{CopyState, MachineView, Request};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Policy {
     pub scoring: Scoring,
+    pub decisions: Decisions,
+}
+
+/// The decisions that weigh the data, each measured in the simulator against the product
+/// without it (docs/placement.md); all on in the product.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Decisions {
+    /// Evict copies of drives no Pending worker mounts before those a queued worker will.
+    pub queue_eviction: bool,
+    /// Weigh a copy's bytes (what filling it again costs) with its recency when evicting, not
+    /// recency alone.
+    pub refill_cost: bool,
+}
+
+impl Decisions {
+    pub const ALL: Decisions = Decisions { queue_eviction: true, refill_cost: true };
+    pub const NONE: Decisions = Decisions { queue_eviction: false, refill_cost: false };
+}
+
+impl Default for Decisions {
+    fn default() -> Self {
+        Decisions::ALL
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -170,6 +170,17 @@ pub async fn on_machines_for_eviction(
     .await
 }
 
+/// The drives that Pending workers mount (through the partial index of Pending workers):
+/// eviction keeps their copies for last.
+pub async fn queued_drives(db: impl PgExecutor<'_>) -> sqlx::Result<Vec<Uuid>> {
+    sqlx::query_scalar(
+        "SELECT DISTINCT rm.drive_id FROM run_mounts rm
+         WHERE rm.run_id IN (SELECT run_id FROM workers WHERE state = 'Pending')",
+    )
+    .fetch_all(db)
+    .await
+}
+
 /// The (machine, drive) pairs where a worker that has not ended mounts a drive with a whole,
 /// evictable copy: only those copies' use decides anything, and most drives are never evicted,
 /// so joining every live worker on each pass would grow with the fleet's work (70 ms for

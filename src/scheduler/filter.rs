@@ -24,6 +24,21 @@ pub fn ungranted(r: &Request, grants: &[Grant]) -> Option<String> {
 
 /// `Ok` when the machine fits, otherwise the first reason it does not.
 pub fn fits(m: &MachineView, r: &Request) -> Result<(), String> {
+    admits(m, r)?;
+    resources(m.cpu_free, m.memory_free, m.gpus_free, r)?;
+    data_fits(m, r)
+}
+
+/// Whether the machine would fit once the workers on it ended: stage-in fills its data ahead
+/// for a worker that waits for resources.
+pub fn fits_when_free(m: &MachineView, r: &Request) -> bool {
+    admits(m, r).is_ok()
+        && resources(m.cpu_total, m.memory_total, m.gpus_total, r).is_ok()
+        && data_fits(m, r).is_ok()
+}
+
+/// Everything but resources and data: whether the machine may take the worker at all.
+fn admits(m: &MachineView, r: &Request) -> Result<(), String> {
     if m.cluster != r.cluster {
         return Err(format!("not in cluster {}", r.cluster));
     }
@@ -41,24 +56,28 @@ pub fn fits(m: &MachineView, r: &Request) -> Result<(), String> {
     if m.cordoned && !r.fill {
         return Err("cordoned".into());
     }
-    if m.cpu_free < r.cpu_millis {
+    Ok(())
+}
+
+fn resources(cpu_free: i64, memory_free: i64, gpus_free: i64, r: &Request) -> Result<(), String> {
+    if cpu_free < r.cpu_millis {
         return Err(format!(
             "Insufficient cpu ({} of {} cores free)",
-            m.cpu_free.max(0) as f64 / 1000.0,
+            cpu_free.max(0) as f64 / 1000.0,
             r.cpu_millis as f64 / 1000.0
         ));
     }
-    if m.memory_free < r.memory_bytes {
+    if memory_free < r.memory_bytes {
         return Err(format!(
             "Insufficient memory ({} of {} free)",
-            human_bytes(m.memory_free.max(0) as u64),
+            human_bytes(memory_free.max(0) as u64),
             human_bytes(r.memory_bytes as u64)
         ));
     }
-    if m.gpus_free < r.gpus {
-        return Err(format!("Insufficient gpus ({} of {} free)", m.gpus_free.max(0), r.gpus));
+    if gpus_free < r.gpus {
+        return Err(format!("Insufficient gpus ({} of {} free)", gpus_free.max(0), r.gpus));
     }
-    data_fits(m, r)
+    Ok(())
 }
 
 /// Each placed drive without a copy here needs a confirmed data location with room for its
@@ -109,6 +128,7 @@ mod tests {
             memory_total: 4_000_000_000,
             cpu_free: 2000,
             memory_free: 4_000_000_000,
+            gpus_total: 1,
             gpus_free: 1,
             data_free: Some(2_100_000_000),
             reclaimable: 0,

@@ -98,10 +98,10 @@ async fn pass(
     }
     let mut snapshot = read(&mut tx, pending, runs).await?;
     let now = chrono::Utc::now();
-    let mut plan = plan::plan(&snapshot, now, &Policy::default());
+    let mut plan = plan::plan(&snapshot, now, &Policy::PRODUCT);
     if plan.needs_others {
         snapshot.others = Some(others(&mut tx, &snapshot.machines).await?);
-        plan = plan::plan(&snapshot, now, &Policy::default());
+        plan = plan::plan(&snapshot, now, &Policy::PRODUCT);
     }
     let claimed = snapshot.workers.len();
     let placed = apply(db, tx, &snapshot, plan).await?;
@@ -163,6 +163,7 @@ async fn read(
         grants,
         evictable,
         queued,
+        staging: 0,
     })
 }
 
@@ -359,6 +360,7 @@ fn views(
                 transports: m.transports,
                 cpu_total: m.cpu_millis.into(),
                 memory_total: m.memory_bytes,
+                gpus_total: m.gpus.into(),
                 cpu_free: i64::from(m.cpu_millis - m.cpu_alloc),
                 memory_free: m.memory_bytes - m.memory_alloc,
                 gpus_free: i64::from(m.gpus - m.gpus_alloc),

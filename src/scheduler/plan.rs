@@ -41,7 +41,18 @@ pub struct Snapshot {
     pub evictable: HashMap<Uuid, HashMap<Uuid, CopyView>>,
     /// The drives Pending workers mount, these and others: read when a machine may evict.
     pub queued: BTreeSet<Uuid>,
+    /// Copies being filled ahead for queued runs now, against [`STAGE_BUDGET`].
+    pub staging: usize,
 }
+
+/// Copies filled ahead for queued runs at once, in a cluster: each holds a fill's cores and a
+/// share of the origin's bandwidth that placed workers wait for.
+pub const STAGE_BUDGET: usize = 16;
+/// Machines a queued run's drives are filled ahead on, at most.
+pub const STAGE_PER_RUN: usize = 8;
+/// Queued runs weighed for stage-in in a pass, the first in the queue: each is a scan of the
+/// machines.
+pub const STAGE_RUNS: usize = 16;
 
 /// A copy to make, for a bound worker that lacks it; the fill controller fills it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -59,6 +70,13 @@ pub struct Eviction {
     pub drives: Vec<Uuid>,
     /// The event each evicted drive gets.
     pub why: String,
+}
+
+/// A copy filled ahead for a queued run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Staged {
+    pub run: Uuid,
+    pub copy: NewCopy,
 }
 
 /// A worker left Pending with a new reason.
@@ -90,6 +108,8 @@ pub struct Plan {
     pub unplaced: Vec<Unplaced>,
     /// Workers whose host path is no longer granted: they fail.
     pub ungranted: Vec<Unplaced>,
+    /// Copies filled ahead for queued runs, on machines none of the pass's workers went to.
+    pub staged: Vec<Staged>,
     /// A worker fit none of a scoped snapshot's machines and its reason needs the others: read
     /// them into [`Snapshot::others`] and plan again.
     pub needs_others: bool,
@@ -119,6 +139,8 @@ pub fn plan(s: &Snapshot, now: DateTime<Utc>, policy: &Policy) -> Plan {
     // The copies the pass's workers mount, whole or not: none of them is evicted for another.
     let mut held: BTreeSet<(Uuid, Uuid)> = BTreeSet::new();
     let mut used: BTreeSet<(Uuid, Uuid)> = BTreeSet::new();
+    // Runs with workers that fit nowhere, in the queue's order, with how many.
+    let mut waiting: Vec<(Uuid, usize)> = Vec::new();
     for w in &s.workers {
         // A run deleted since its workers were claimed has none left to place.
         let Some(request) = s.requests.get(&w.run_id) else {
@@ -169,6 +191,10 @@ pub fn plan(s: &Snapshot, now: DateTime<Utc>, policy: &Policy) -> Plan {
                 if w.reason != why {
                     out.unplaced.push(Unplaced { worker: w.id, reason: why });
                 }
+                match waiting.last_mut() {
+                    Some((run, n)) if *run == w.run_id => *n += 1,
+                    _ => waiting.push((w.run_id, 1)),
+                }
                 continue;
             }
         };
@@ -197,7 +223,64 @@ pub fn plan(s: &Snapshot, now: DateTime<Utc>, policy: &Policy) -> Plan {
         out.placed.insert(w.id, placement);
     }
     out.used = used.into_iter().collect();
+    if policy.decisions.stage_in && !s.scoped {
+        stage_in(s, &mut machines, &waiting, &mut out);
+    }
     out
+}
+
+/// Fills the drives of runs that wait for resources ahead, on the machines they will most
+/// likely get once resources free up: those that would take a worker were they empty, short of
+/// the fewest GPUs, then cores, for it. Only into free room (no copy is evicted for a run that
+/// may start elsewhere), and only as many machines as the run has waiting workers, less those
+/// that hold its drives already.
+fn stage_in(s: &Snapshot, machines: &mut [MachineView], waiting: &[(Uuid, usize)], out: &mut Plan) {
+    let mut budget = STAGE_BUDGET.saturating_sub(s.staging);
+    let mut seen = BTreeSet::new();
+    for &(run, workers) in waiting.iter().filter(|(run, _)| seen.insert(*run)).take(STAGE_RUNS) {
+        let Some(r) = s.requests.get(&run) else { continue };
+        if budget == 0 {
+            return;
+        }
+        if r.fill || r.placed().next().is_none() {
+            continue;
+        }
+        let holds = |m: &MachineView| {
+            r.placed().all(|d| matches!(m.copy_state(d.id), Some(CopyState::Complete | CopyState::Filling)))
+        };
+        let eligible: Vec<usize> =
+            (0..machines.len()).filter(|&i| filter::fits_when_free(&machines[i], r)).collect();
+        let want = workers.min(STAGE_PER_RUN);
+        let have = eligible.iter().filter(|&&i| holds(&machines[i])).count();
+        let mut room: Vec<usize> = eligible
+            .into_iter()
+            .filter(|&i| {
+                let m = &machines[i];
+                let lacking: i64 =
+                    r.placed().filter(|d| m.copy_state(d.id).is_none()).map(|d| d.size_hint).sum();
+                !holds(m) && m.data_free.is_some_and(|free| free >= lacking)
+            })
+            .collect();
+        room.sort_by_key(|&i| {
+            let m = &machines[i];
+            ((r.gpus - m.gpus_free).max(0), (r.cpu_millis - m.cpu_free).max(0), i)
+        });
+        for i in room.into_iter().take(want.saturating_sub(have)) {
+            let m = &mut machines[i];
+            let lacking: Vec<&DriveNeed> = r.placed().filter(|d| m.copy_state(d.id).is_none()).collect();
+            for d in lacking {
+                if budget == 0 {
+                    return;
+                }
+                budget -= 1;
+                let copy =
+                    NewCopy { machine: m.id, drive: d.id, size_hint: d.size_hint, evictable: d.evictable };
+                out.staged.push(Staged { run, copy });
+                m.data_free = Some(m.data_free.unwrap_or(0) - d.size_hint);
+                m.copies.insert(d.id, CopyState::Filling);
+            }
+        }
+    }
 }
 
 fn explain(machines: &[MachineView], c: &Choice) -> String {
@@ -318,6 +401,7 @@ mod tests {
     use super::*;
     use crate::domain::Name;
     use crate::domain::task::{NodeSelection, SelectionMode};
+    use crate::scheduler::policy::Decisions;
 
     const GB: i64 = 1_000_000_000;
 
@@ -337,6 +421,7 @@ mod tests {
             memory_total: 64 * GB,
             cpu_free: 8000,
             memory_free: 64 * GB,
+            gpus_total: gpus,
             gpus_free: gpus,
             data_free,
             reclaimable: 0,
@@ -533,5 +618,37 @@ mod tests {
             p.ungranted[0].reason
         );
         assert!(p.binds.is_empty());
+    }
+
+    #[test]
+    fn a_run_waiting_for_gpus_has_its_drive_filled_ahead_where_the_fewest_are_missing() {
+        let all = Policy { decisions: Decisions::ALL, ..Policy::default() };
+        let busy = |n, free| MachineView { gpus_total: 8, ..machine(n, free, Some(1000 * GB)) };
+        // Needs 8 GPUs: gpu-01 has 0 free, gpu-02 4, gpu-03 6 but no room for 150 GB.
+        let mut full = busy(3, 6);
+        full.data_free = Some(100 * GB);
+        let s = snapshot(
+            vec![busy(1, 0), busy(2, 4), full],
+            vec![(1, request(8, vec![drive(1, 150 * GB)]))],
+            vec![worker(1, 1)],
+        );
+        let p = plan(&s, now(), &all);
+        assert!(p.binds.is_empty());
+        let copy = NewCopy { machine: id(102), drive: id(1), size_hint: 150 * GB, evictable: true };
+        assert_eq!(p.staged, [Staged { run: id(501), copy }]);
+        // The product does not fill ahead; with the copy filling there, nothing more is.
+        assert!(plan(&s, now(), &Policy::PRODUCT).staged.is_empty());
+        let mut s = s;
+        s.machines[1].copies.insert(id(1), CopyState::Filling);
+        assert!(plan(&s, now(), &all).staged.is_empty());
+        // Two waiting workers want two machines: gpu-01 now, as gpu-03 has no room; none when
+        // the budget is spent.
+        s.workers.push(worker(2, 1));
+        assert_eq!(
+            plan(&s, now(), &all).staged.iter().map(|x| x.copy.machine).collect::<Vec<_>>(),
+            [id(101)]
+        );
+        s.staging = STAGE_BUDGET;
+        assert!(plan(&s, now(), &all).staged.is_empty());
     }
 }

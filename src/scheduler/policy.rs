@@ -18,6 +18,13 @@ pub struct Policy {
     pub decisions: Decisions,
 }
 
+impl Policy {
+    /// What the scheduler follows. Stage-in is weighed in the simulator only: the fill
+    /// controller does not fill a copy for a run that is not placed.
+    pub const PRODUCT: Policy =
+        Policy { scoring: Scoring::Astraeus, decisions: Decisions { stage_in: false, ..Decisions::ALL } };
+}
+
 /// The decisions that weigh the data, each measured in the simulator against the product
 /// without it (docs/placement.md); all on in the product.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,11 +34,14 @@ pub struct Decisions {
     /// Weigh a copy's bytes (what filling it again costs) with its recency when evicting, not
     /// recency alone.
     pub refill_cost: bool,
+    /// Fill a queued run's drives ahead on the machines it will most likely get, while it
+    /// waits for resources.
+    pub stage_in: bool,
 }
 
 impl Decisions {
-    pub const ALL: Decisions = Decisions { queue_eviction: true, refill_cost: true };
-    pub const NONE: Decisions = Decisions { queue_eviction: false, refill_cost: false };
+    pub const ALL: Decisions = Decisions { queue_eviction: true, refill_cost: true, stage_in: true };
+    pub const NONE: Decisions = Decisions { queue_eviction: false, refill_cost: false, stage_in: false };
 }
 
 impl Default for Decisions {
@@ -137,6 +147,7 @@ mod tests {
             memory_total: 8_000,
             cpu_free: 4000,
             memory_free: 8_000,
+            gpus_total: 0,
             gpus_free: 0,
             data_free: Some(1_000_000),
             reclaimable: 0,

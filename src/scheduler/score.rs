@@ -78,6 +78,7 @@ mod tests {
             memory_total: 8_000,
             cpu_free,
             memory_free,
+            gpus_total: 0,
             gpus_free: 0,
             data_free: Some(1_000),
             reclaimable: 0,

@@ -198,6 +198,7 @@ mod tests {
             memory_total: 8_000,
             cpu_free,
             memory_free: 8_000,
+            gpus_total: 0,
             gpus_free: 0,
         }
     }

@@ -20,6 +20,7 @@ pub struct MachineView {
     pub transports: Vec<String>,
     pub cpu_total: i64,
     pub memory_total: i64,
+    pub gpus_total: i64,
     pub cpu_free: i64,
     pub memory_free: i64,
     pub gpus_free: i64,

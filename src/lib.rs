@@ -36,6 +36,8 @@ pub mod scheduler;
 pub mod server;
 /// Command-line flags and their environment fallbacks: the one typed configuration.
 pub mod settings;
+/// `astraeus sim`: placement policies compared on a simulated cluster, through the scheduler's own planner.
+pub mod sim;
 /// Postgres access, one file per table.
 pub mod store;
 /// Structured logs.

@@ -2,7 +2,7 @@ use anyhow::Context;
 use clap::Parser;
 
 use astraeus::settings::{Cli, Command};
-use astraeus::{admin, agent, api, bench, dev, server, telemetry};
+use astraeus::{admin, agent, api, bench, dev, server, sim, telemetry};
 
 /// glibc's malloc took up to a third of the server's CPU with 10,000 machines connected.
 #[global_allocator]
@@ -29,6 +29,7 @@ async fn main() -> anyhow::Result<()> {
         }
         Command::Dev(args) => dev::run(args).await,
         Command::Bench(args) => bench::run(args).await,
+        Command::Sim(args) => sim::run(args).await,
         Command::Openapi { out } => {
             let json = api::openapi().to_pretty_json().context("cannot render the OpenAPI document")? + "\n";
             match out {

@@ -31,6 +31,9 @@ pub enum Command {
     Admin(AdminCommand),
     /// Measure the server through its own APIs: placement, API latency, heartbeats, copy-to-start.
     Bench(BenchArgs),
+    /// Compare placement policies on a simulated cluster: a generated or recorded trace of runs,
+    /// the scheduler's own planner, no database.
+    Sim(SimArgs),
     /// Print the OpenAPI document.
     Openapi {
         /// Write it to this file instead of standard output.
@@ -315,4 +318,82 @@ pub struct BenchArgs {
     /// Where the private Postgres, the signing key and the server's log live (default: a temp dir).
     #[arg(long)]
     pub state_dir: Option<PathBuf>,
+}
+
+/// `astraeus sim`: simulate a trace under each policy, or make a trace.
+#[derive(Debug, Args)]
+#[command(args_conflicts_with_subcommands = true)]
+pub struct SimArgs {
+    #[command(subcommand)]
+    pub command: Option<SimCommand>,
+    #[command(flatten)]
+    pub run: SimRunArgs,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum SimCommand {
+    /// Write the generated trace as JSON lines.
+    Generate {
+        #[arg(long)]
+        out: PathBuf,
+        #[command(flatten)]
+        generate: GenerateArgs,
+    },
+    /// Write a trace of a server's history: its machines, drives and runs, read from its database.
+    Export(SimExportArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct SimRunArgs {
+    /// Replay this trace (JSON lines, from `sim generate` or `sim export`) instead of generating one.
+    #[arg(long, conflicts_with_all = ["machines", "runs", "hours", "drives", "load", "origin_bytes_per_second"])]
+    pub trace: Option<PathBuf>,
+    #[command(flatten)]
+    pub generate: GenerateArgs,
+    /// The policies to compare, comma-separated: astraeus, random, image_locality (default: all).
+    #[arg(long, value_delimiter = ',')]
+    pub policies: Vec<String>,
+    /// Also write the figures as JSON here.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+}
+
+/// The generated trace. `--seed` also seeds the random policy when a trace is replayed.
+#[derive(Debug, Clone, Args)]
+pub struct GenerateArgs {
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    #[arg(long, default_value_t = 1000)]
+    pub machines: usize,
+    #[arg(long, default_value_t = 100_000)]
+    pub runs: usize,
+    /// Hours over which the runs arrive.
+    #[arg(long, default_value_t = 168.0)]
+    pub hours: f64,
+    /// Drives in the catalog: public datasets' sizes first, then smaller sets.
+    #[arg(long, default_value_t = 300)]
+    pub drives: usize,
+    /// GPU-hours the runs ask for, as a share of what the machines offer while they arrive.
+    #[arg(long, default_value_t = 0.7)]
+    pub load: f64,
+    /// What the origin of every fill serves in all, bytes a second, shared by the fills under way.
+    #[arg(long, default_value_t = 25e9)]
+    pub origin_bytes_per_second: f64,
+}
+
+#[derive(Debug, Args)]
+pub struct SimExportArgs {
+    #[command(flatten)]
+    pub database: DatabaseArgs,
+    #[arg(long)]
+    pub out: PathBuf,
+    /// The cluster whose machines and runs are exported.
+    #[arg(long, default_value = "main")]
+    pub cluster: String,
+    /// Each machine's fill bandwidth, bytes a second: the database does not know it.
+    #[arg(long, default_value_t = 1.5e9)]
+    pub fill_bytes_per_second: f64,
+    /// What the origin serves all fills together, bytes a second.
+    #[arg(long, default_value_t = 25e9)]
+    pub origin_bytes_per_second: f64,
 }

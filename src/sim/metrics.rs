@@ -1,0 +1,131 @@
+//! Placement quality, read off the world once the trace has played out (docs/placement.md says
+//! what each figure means).
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use super::engine::Work;
+use super::fills::Ms;
+use super::world::{State, World};
+
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Figures {
+    /// Of the workers placed, those placed where every drive they mount was whole.
+    pub warm_start_share: f64,
+    /// The same, of the workers whose every drive had been in the cluster before they were placed.
+    pub warm_start_share_reused: f64,
+    /// GPU-hours held by workers in Preparing, over GPU-hours run.
+    pub preparing_gpu_hour_share: f64,
+    /// Bytes written by fills, over the lower bound: the sizes of the drives any worker mounted.
+    pub bytes_filled_ratio: f64,
+    pub preparing_p50_s: f64,
+    pub preparing_p99_s: f64,
+    /// From a run's arrival until its last worker started, over the runs all of whose workers started.
+    pub mean_time_to_start_s: f64,
+    pub evictions: u64,
+    /// Wall-clock seconds the simulation took.
+    pub sim_seconds: f64,
+    pub workers: usize,
+    pub workers_placed: usize,
+    pub workers_reused: usize,
+    /// Workers never placed: no machine could ever take them.
+    pub workers_never_placed: usize,
+    pub runs_started: usize,
+    pub bytes_filled: f64,
+    pub bytes_lower_bound: f64,
+    pub fills: u64,
+    /// Of `fills`, those of copies filled ahead for queued runs (stage-in).
+    pub staged: u64,
+    /// GPU-hours held by placed workers (Preparing and Running) over the GPU-hours the machines
+    /// offered until the last worker ended.
+    pub gpu_held_share: f64,
+    /// Simulated hours until the last worker ended.
+    pub simulated_hours: f64,
+    pub steps: u64,
+    pub passes: u64,
+    pub replans: u64,
+}
+
+impl Figures {
+    pub fn of(world: &World, work: Work, end: Ms, took: Duration) -> Figures {
+        let placed: Vec<_> = world.workers.iter().filter(|w| w.state != State::Pending).collect();
+        let reused: Vec<_> = placed.iter().filter(|w| w.reused).collect();
+        let share = |part: usize, whole: usize| if whole == 0 { 0.0 } else { part as f64 / whole as f64 };
+        let hours = |ms: Ms| ms as f64 / 3_600_000.0;
+        // A worker still Preparing at the end (a fill that can never end does not exist here,
+        // but a trace may leave one) counts its wait until then.
+        let waited = |w: &&super::world::Worker| match w.state {
+            State::Preparing => end - w.bound,
+            _ => w.started - w.bound,
+        };
+        let mut waits: Vec<Ms> = placed.iter().map(waited).collect();
+        waits.sort_unstable();
+        let gpus = |w: &&super::world::Worker| w.charge.gpus as f64;
+        let preparing: f64 = placed.iter().map(|w| gpus(w) * hours(waited(w))).sum();
+        let run: f64 = placed
+            .iter()
+            .filter(|w| matches!(w.state, State::Running | State::Ended))
+            .map(|w| gpus(w) * hours(world.runs[w.run].durations[w.index]))
+            .sum();
+        let mounted: BTreeSet<usize> =
+            placed.iter().flat_map(|w| world.runs[w.run].drives.iter().copied()).collect();
+        let bound: f64 = mounted.iter().map(|d| world.drives[*d].size as f64).sum();
+        let started: Vec<Ms> = world.runs.iter().filter_map(|r| Some(r.all_started? - r.arrival)).collect();
+        let total_gpus: i64 = world.machines.iter().map(|m| m.gpus).sum();
+        let offered = total_gpus as f64 * hours(end);
+        Figures {
+            warm_start_share: share(placed.iter().filter(|w| w.warm).count(), placed.len()),
+            warm_start_share_reused: share(reused.iter().filter(|w| w.warm).count(), reused.len()),
+            preparing_gpu_hour_share: if run == 0.0 { 0.0 } else { preparing / run },
+            bytes_filled_ratio: if bound == 0.0 { 0.0 } else { world.fills.written / bound },
+            preparing_p50_s: percentile(&waits, 0.50),
+            preparing_p99_s: percentile(&waits, 0.99),
+            mean_time_to_start_s: if started.is_empty() {
+                0.0
+            } else {
+                started.iter().sum::<Ms>() as f64 / started.len() as f64 / 1000.0
+            },
+            evictions: world.evictions,
+            sim_seconds: took.as_secs_f64(),
+            workers: world.workers.len(),
+            workers_placed: placed.len(),
+            workers_reused: reused.len(),
+            workers_never_placed: world.workers.len() - placed.len(),
+            runs_started: started.len(),
+            bytes_filled: world.fills.written,
+            bytes_lower_bound: bound,
+            fills: world.fills_started,
+            staged: world.staged_total,
+            gpu_held_share: if offered == 0.0 { 0.0 } else { (preparing + run) / offered },
+            simulated_hours: hours(end),
+            steps: work.steps,
+            passes: work.passes,
+            replans: work.replans,
+        }
+    }
+}
+
+/// The nearest-rank percentile of sorted `values`, in seconds.
+fn percentile(values: &[Ms], p: f64) -> f64 {
+    if values.is_empty() {
+        return 0.0;
+    }
+    let rank = ((p * values.len() as f64).ceil() as usize).clamp(1, values.len());
+    values[rank - 1] as f64 / 1000.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles_are_nearest_rank() {
+        // 10 values: p50 is the 5th, p99 the 10th (ceil(9.9) = 10).
+        let v: Vec<Ms> = (1..=10).map(|s| s * 1000).collect();
+        assert_eq!(percentile(&v, 0.5), 5.0);
+        assert_eq!(percentile(&v, 0.99), 10.0);
+        assert_eq!(percentile(&[], 0.5), 0.0);
+    }
+}

@@ -376,9 +376,10 @@ pub struct GenerateArgs {
     /// GPU-hours the runs ask for, as a share of what the machines offer while they arrive.
     #[arg(long, default_value_t = 0.7)]
     pub load: f64,
-    /// What the origin of every fill serves in all, bytes a second, shared by the fills under way.
-    #[arg(long, default_value_t = 25e9)]
-    pub origin_bytes_per_second: f64,
+    /// What the origin of every fill serves in all, bytes a second, shared by the fills under way
+    /// (default: 100 MB/s for each machine).
+    #[arg(long)]
+    pub origin_bytes_per_second: Option<f64>,
 }
 
 #[derive(Debug, Args)]

@@ -48,6 +48,8 @@ pub fn simulate(trace: &Trace, policy: &Policy) -> anyhow::Result<Figures> {
             (Some(t), false) => (t + STEP - 1).div_euclid(STEP) * STEP,
             (None, false) => break,
         };
+        // Only what frees resources or brings work lets a Pending worker start: a copy made
+        // whole starts the workers bound to it, which the fill controller does, not a pass.
         let mut changed = more;
         // Every event up to the step, in time order; at one instant, ends, then fills, then arrivals.
         loop {
@@ -58,6 +60,7 @@ pub fn simulate(trace: &Trace, policy: &Policy) -> anyhow::Result<Figures> {
                 (Some((t, w)), f, a) if f.is_none_or(|f| t <= f.0) && a.is_none_or(|a| t <= a) => {
                     world.pop_end();
                     world.end(w, t);
+                    changed = true;
                 }
                 (_, Some((t, i)), a) if a.is_none_or(|a| t <= a) => {
                     world.fills.advance(t);
@@ -67,11 +70,11 @@ pub fn simulate(trace: &Trace, policy: &Policy) -> anyhow::Result<Figures> {
                 (_, _, Some(_)) => {
                     world.arrive(next_run);
                     next_run += 1;
+                    changed = true;
                 }
                 (None, None, None) => break,
                 _ => unreachable!("the arms above take every event found"),
             }
-            changed = true;
         }
         now = step;
         world.fills.advance(now);
@@ -120,5 +123,103 @@ fn plan_with_room(world: &World, views: &mut Views, now: Ms, policy: &Policy, wo
             views.show_evictable(world, m);
         }
         work.replans += 1;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sim::POLICIES;
+    use crate::sim::generate::{Params, generate};
+    use crate::sim::trace::{Drive, Machine, Run};
+
+    const GB: f64 = 1e9;
+
+    /// Equal but for rounding: shares are sums of hours.
+    fn close(got: f64, want: f64) {
+        assert!((got - want).abs() <= 1e-9 * want.abs().max(1.0), "{got} != {want}");
+    }
+
+    /// Two machines of 8 GPUs that fill at 1 GB/s, one drive of 100 GB, three runs of one
+    /// 8-GPU worker: at 0 s (100 s), 300 s (100 s) and 305 s (50 s).
+    fn by_hand() -> Trace {
+        let machine = |name: &str| Machine {
+            name: name.into(),
+            gpus: 8,
+            cpu_millis: 96_000,
+            memory_bytes: 1 << 40,
+            data_limit_bytes: 1_000_000_000_000,
+            fill_bytes_per_second: GB,
+        };
+        let run = |name: &str, at: f64, duration: f64| Run {
+            name: name.into(),
+            arrival_s: at,
+            workers: 1,
+            gpus: 8,
+            cpu_millis: 80_000,
+            memory_bytes: 1 << 39,
+            duration_s: duration,
+            durations_s: None,
+            drives: vec!["d".into()],
+        };
+        let drive = Drive { name: "d".into(), size_bytes: 100_000_000_000, evictable: true };
+        Trace::new(
+            10.0 * GB,
+            serde_json::Value::Null,
+            vec![machine("m-1"), machine("m-2")],
+            vec![drive],
+            vec![run("a", 0.0, 100.0), run("b", 300.0, 100.0), run("c", 305.0, 50.0)],
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn a_hand_made_trace_gives_the_figures_worked_out_by_hand() {
+        // a: placed on m-1 at 0 s (both empty, the first wins the tie); its copy fills in
+        //    100 GB / 1 GB/s = 100 s, so it prepares 100 s, runs 100-200 s.
+        // b: arrives at 300 s, a pass at 300 s places it on m-1, whose copy is whole: warm,
+        //    runs 300-400 s.
+        // c: arrives at 305 s, the pass at 310 s finds m-1 full and fills m-2: 100 s more,
+        //    runs 410-460 s. The last step is at 460 s.
+        let f = simulate(&by_hand(), &Policy::PRODUCT).unwrap();
+        assert_eq!((f.workers, f.workers_placed, f.workers_never_placed), (3, 3, 0));
+        // Warm: b of 3. Reused (d had started at 100 s before they were placed): b and c.
+        close(f.warm_start_share, 1.0 / 3.0);
+        assert_eq!((f.workers_reused, f.warm_start_share_reused), (2, 0.5));
+        // Preparing 8 GPUs x (100 + 0 + 100) s = 1,600 GPU-s; run 8 x (100 + 100 + 50) = 2,000.
+        close(f.preparing_gpu_hour_share, 0.8);
+        // Two fills of 100 GB against the bound of one.
+        assert_eq!((f.fills, f.bytes_filled, f.bytes_lower_bound), (2, 200e9, 100e9));
+        assert_eq!(f.bytes_filled_ratio, 2.0);
+        // Waits 0, 100, 100 s: p50 is the 2nd, p99 the 3rd.
+        assert_eq!((f.preparing_p50_s, f.preparing_p99_s), (100.0, 100.0));
+        // To start: a 100 s, b 0 s, c 410 - 305 = 105 s; mean 205 / 3.
+        close(f.mean_time_to_start_s, 205.0 / 3.0);
+        assert_eq!((f.runs_started, f.evictions), (3, 0));
+        assert_eq!(f.simulated_hours, 460.0 / 3600.0);
+        // Busy while runs arrive (0-305 s): a 0-200 s, b 300-305 s; c was bound at 310 s.
+        // 8 x (200 + 5) GPU-s of 16 GPUs x 305 s.
+        close(f.gpu_busy_share, 1_640.0 / 4_880.0);
+    }
+
+    #[test]
+    fn a_small_generated_trace_plays_out_under_every_policy_the_same_way_twice() {
+        let params = Params { machines: 12, runs: 300, hours: 6.0, drives: 40, ..Params::default() };
+        let trace = generate(&params).unwrap();
+        let workers: u32 = trace.runs.iter().map(|r| r.workers).sum();
+        for (name, make) in POLICIES {
+            let f = simulate(&trace, &make(params.seed)).unwrap();
+            assert_eq!(f.workers, workers as usize, "{name}");
+            let shares = [f.warm_start_share, f.warm_start_share_reused, f.gpu_busy_share];
+            assert!(shares.iter().all(|s| (0.0..=1.0).contains(s)), "{name}: {f:?}");
+            assert!(f.preparing_gpu_hour_share >= 0.0 && f.preparing_gpu_hour_share.is_finite(), "{name}");
+            // Every drive mounted was filled at least once: the bound is one.
+            assert!(f.bytes_filled_ratio >= 1.0, "{name}: {f:?}");
+            assert!(f.preparing_p50_s <= f.preparing_p99_s, "{name}");
+            assert!(f.mean_time_to_start_s >= 0.0 && f.sim_seconds >= 0.0, "{name}");
+            assert!(f.workers_placed + f.workers_never_placed == f.workers, "{name}");
+            let again = simulate(&trace, &make(params.seed)).unwrap();
+            assert_eq!(Figures { sim_seconds: 0.0, ..again }, Figures { sim_seconds: 0.0, ..f }, "{name}");
+        }
     }
 }

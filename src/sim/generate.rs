@@ -24,8 +24,16 @@ pub struct Params {
     pub drives: usize,
     /// The GPU-hours the runs ask for, as a share of what the machines offer over `hours`.
     pub load: f64,
-    /// What the origin serves all fills together, bytes a second.
+    /// What the origin serves all fills together, bytes a second ([`ORIGIN_PER_MACHINE`] for
+    /// each machine unless given).
     pub origin_bytes_per_second: f64,
+}
+
+impl Params {
+    /// The origin a cluster of `machines` gets unless one is given.
+    pub fn origin_for(machines: usize) -> f64 {
+        ORIGIN_PER_MACHINE * machines as f64
+    }
 }
 
 impl Default for Params {
@@ -37,7 +45,7 @@ impl Default for Params {
             hours: 168.0,
             drives: 300,
             load: 0.7,
-            origin_bytes_per_second: 25.0 * GB,
+            origin_bytes_per_second: Params::origin_for(1000),
         }
     }
 }
@@ -74,10 +82,12 @@ const ZIPF: f64 = 1.0;
 const DURATION_SIGMA: f64 = 1.5;
 const MIN_DURATION_S: f64 = 60.0;
 const MAX_DURATION_S: f64 = 24.0 * 3600.0;
-/// Per GPU a worker asks for: less than an eighth of a machine's cores and memory, so that
-/// GPUs are what runs out, as on most GPU machines.
-const CPU_MILLIS_PER_GPU: i64 = 10_000;
-const MEMORY_PER_GPU: i64 = 112 << 30;
+/// Per GPU a worker asks for: half of an eighth of a machine's cores and memory, so that GPUs
+/// are what runs out, as on most GPU machines.
+const CPU_MILLIS_PER_GPU: i64 = 6_000;
+const MEMORY_PER_GPU: i64 = 64 << 30;
+/// The origin's bandwidth for each machine, unless given: a cluster's object store grows with it.
+pub const ORIGIN_PER_MACHINE: f64 = 0.1 * GB;
 
 pub fn generate(p: &Params) -> anyhow::Result<Trace> {
     anyhow::ensure!(p.machines >= 1, "--machines must be at least 1");
@@ -223,7 +233,9 @@ mod tests {
 
     #[test]
     fn the_runs_ask_for_about_the_load_asked_for() {
-        let t = generate(&Params { runs: 20_000, ..small() }).unwrap();
+        // 100 machines over a week offer 134,400 GPU-hours; 70% of it over 20,000 runs is 4.7
+        // GPU-hours a run.
+        let t = generate(&Params { machines: 100, runs: 20_000, hours: 168.0, ..small() }).unwrap();
         let load = t.offered_load();
         assert!((0.5..0.9).contains(&load), "offered load {load}");
     }

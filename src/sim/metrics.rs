@@ -38,9 +38,9 @@ pub struct Figures {
     pub fills: u64,
     /// Of `fills`, those of copies filled ahead for queued runs (stage-in).
     pub staged: u64,
-    /// GPU-hours held by placed workers (Preparing and Running) over the GPU-hours the machines
-    /// offered until the last worker ended.
-    pub gpu_held_share: f64,
+    /// GPU-hours held by workers (Preparing or Running) while the runs arrive, over the GPU-hours
+    /// the machines offer then: how busy the cluster was.
+    pub gpu_busy_share: f64,
     /// Simulated hours until the last worker ended.
     pub simulated_hours: f64,
     pub steps: u64,
@@ -74,7 +74,18 @@ impl Figures {
         let bound: f64 = mounted.iter().map(|d| world.drives[*d].size as f64).sum();
         let started: Vec<Ms> = world.runs.iter().filter_map(|r| Some(r.all_started? - r.arrival)).collect();
         let total_gpus: i64 = world.machines.iter().map(|m| m.gpus).sum();
-        let offered = total_gpus as f64 * hours(end);
+        let span = world.runs.last().map_or(0, |r| r.arrival);
+        let held: f64 = placed
+            .iter()
+            .map(|w| {
+                let until = match w.state {
+                    State::Preparing => end,
+                    _ => w.started + world.runs[w.run].durations[w.index],
+                };
+                gpus(w) * hours(until.min(span) - w.bound.min(span))
+            })
+            .sum();
+        let offered = total_gpus as f64 * hours(span);
         Figures {
             warm_start_share: share(placed.iter().filter(|w| w.warm).count(), placed.len()),
             warm_start_share_reused: share(reused.iter().filter(|w| w.warm).count(), reused.len()),
@@ -98,7 +109,7 @@ impl Figures {
             bytes_lower_bound: bound,
             fills: world.fills_started,
             staged: world.staged_total,
-            gpu_held_share: if offered == 0.0 { 0.0 } else { (preparing + run) / offered },
+            gpu_busy_share: if offered == 0.0 { 0.0 } else { held / offered },
             simulated_hours: hours(end),
             steps: work.steps,
             passes: work.passes,

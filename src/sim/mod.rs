@@ -101,6 +101,6 @@ fn params(a: &GenerateArgs) -> Params {
         hours: a.hours,
         drives: a.drives,
         load: a.load,
-        origin_bytes_per_second: a.origin_bytes_per_second,
+        origin_bytes_per_second: a.origin_bytes_per_second.unwrap_or_else(|| Params::origin_for(a.machines)),
     }
 }

@@ -54,7 +54,7 @@ pub fn table(trace: &Trace, results: &[(&str, Figures)]) -> String {
         "Preparing p99",
         "mean to start",
         "evictions",
-        "GPUs held",
+        "GPUs busy",
         "sim s",
     ];
     let rows: Vec<Vec<String>> = results
@@ -70,7 +70,7 @@ pub fn table(trace: &Trace, results: &[(&str, Figures)]) -> String {
                 seconds(f.preparing_p99_s),
                 seconds(f.mean_time_to_start_s),
                 f.evictions.to_string(),
-                percent(f.gpu_held_share),
+                percent(f.gpu_busy_share),
                 format!("{:.1}", f.sim_seconds),
             ]
         })
@@ -112,5 +112,44 @@ fn seconds(s: f64) -> String {
         format!("{:.1} min", s / 60.0)
     } else {
         format!("{:.1} h", s / 3600.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::scheduler::policy::Policy;
+    use crate::sim::engine::simulate;
+    use crate::sim::generate::{Params, generate};
+
+    #[test]
+    fn the_json_names_the_trace_and_each_policys_figures() {
+        let trace =
+            generate(&Params { machines: 4, runs: 30, hours: 1.0, drives: 10, ..Params::default() }).unwrap();
+        let figures = simulate(&trace, &Policy::PRODUCT).unwrap();
+        let results = [("astraeus", figures)];
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sim.json");
+        write_json(&path, &trace, &results).unwrap();
+        let doc: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        assert_eq!(doc["trace"]["machines"], 4);
+        assert_eq!(doc["trace"]["source"]["generator"]["seed"], 1);
+        let f = &doc["policies"]["astraeus"];
+        for key in [
+            "warm_start_share",
+            "warm_start_share_reused",
+            "preparing_gpu_hour_share",
+            "bytes_filled_ratio",
+            "preparing_p50_s",
+            "preparing_p99_s",
+            "mean_time_to_start_s",
+            "evictions",
+            "sim_seconds",
+        ] {
+            assert!(f[key].is_number(), "{key}: {f}");
+        }
+        let table = table(&trace, &results);
+        assert!(table.contains("| astraeus "), "{table}");
+        assert_eq!(table.lines().filter(|l| l.starts_with('|')).count(), 3, "{table}");
     }
 }

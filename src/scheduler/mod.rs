@@ -148,6 +148,10 @@ async fn read(
     for c in store::copies::on_machines_for_eviction(&mut *tx, &short).await? {
         evictable.entry(c.machine_id).or_default().insert(c.drive_id, evict::view(&c, false));
     }
+    let staging = match Policy::PRODUCT.decisions.stage_in {
+        true => store::copies::staging(&mut *tx).await? as usize,
+        false => 0,
+    };
     let queued = match evictable.is_empty() {
         true => BTreeSet::new(),
         false => store::copies::queued_drives(&mut *tx).await?.into_iter().collect(),
@@ -163,7 +167,7 @@ async fn read(
         grants,
         evictable,
         queued,
-        staging: 0,
+        staging,
     })
 }
 
@@ -207,6 +211,13 @@ async fn apply(
     }
     for c in &plan.copies {
         store::copies::ensure(&mut *tx, c.drive, c.machine, c.size_hint, c.evictable).await?;
+    }
+    for st in &plan.staged {
+        let c = &st.copy;
+        store::copies::stage(&mut *tx, c.drive, c.machine, c.size_hint, c.evictable, st.run).await?;
+        let m = s.machines.iter().find(|m| m.id == c.machine).map_or("", |m| m.name.as_str());
+        let why = format!("copy on {m} filled ahead for a queued run that waits for resources");
+        store::events::record_for_drive(&mut *tx, c.drive, false, "StagedIn", &why, "scheduler").await?;
     }
     let (used_machines, used_drives): (Vec<Uuid>, Vec<Uuid>) = plan.used.iter().copied().unzip();
     store::copies::touch_used_pairs(&mut *tx, &used_machines, &used_drives).await?;

@@ -636,8 +636,7 @@ mod tests {
         assert!(p.binds.is_empty());
         let copy = NewCopy { machine: id(102), drive: id(1), size_hint: 150 * GB, evictable: true };
         assert_eq!(p.staged, [Staged { run: id(501), copy }]);
-        // The product does not fill ahead; with the copy filling there, nothing more is.
-        assert!(plan(&s, now(), &Policy::PRODUCT).staged.is_empty());
+        // With the copy filling there, nothing more is.
         let mut s = s;
         s.machines[1].copies.insert(id(1), CopyState::Filling);
         assert!(plan(&s, now(), &all).staged.is_empty());

@@ -19,10 +19,8 @@ pub struct Policy {
 }
 
 impl Policy {
-    /// What the scheduler follows. Stage-in is weighed in the simulator only: the fill
-    /// controller does not fill a copy for a run that is not placed.
-    pub const PRODUCT: Policy =
-        Policy { scoring: Scoring::Astraeus, decisions: Decisions { stage_in: false, ..Decisions::ALL } };
+    /// What the scheduler follows.
+    pub const PRODUCT: Policy = Policy { scoring: Scoring::Astraeus, decisions: Decisions::ALL };
 }
 
 /// The decisions that weigh the data, each measured in the simulator against the product

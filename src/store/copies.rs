@@ -292,6 +292,51 @@ pub async fn ensure(
     .map(drop)
 }
 
+/// Makes a copy filled ahead for `run`, which waits for resources (Filling, holding
+/// `size_hint` of room); nothing when the machine has a copy already.
+pub async fn stage(
+    db: impl PgExecutor<'_>,
+    drive: Uuid,
+    machine: Uuid,
+    size_hint: i64,
+    evictable: bool,
+    run: Uuid,
+) -> sqlx::Result<()> {
+    sqlx::query(
+        "INSERT INTO copies (id, drive_id, machine_id, size_hint, evictable, staged_for)
+         SELECT $1, $2, $3, $4, $5, $6 WHERE EXISTS (SELECT 1 FROM runs WHERE id = $6)
+         ON CONFLICT ON CONSTRAINT copies_drive_machine_key DO NOTHING",
+    )
+    .bind(Uuid::now_v7())
+    .bind(drive)
+    .bind(machine)
+    .bind(size_hint)
+    .bind(evictable)
+    .bind(run)
+    .execute(db)
+    .await
+    .map(drop)
+}
+
+/// Copies being filled ahead for queued runs now, against the planner's budget.
+pub async fn staging(db: impl PgExecutor<'_>) -> sqlx::Result<i64> {
+    sqlx::query_scalar("SELECT count(*) FROM copies WHERE staged_for IS NOT NULL AND state = 'Filling'")
+        .fetch_one(db)
+        .await
+}
+
+/// The (drive, machine) of copies being filled ahead for runs that still have Pending workers:
+/// the fill controller fills them as it does copies a bound worker waits for.
+pub async fn staged_for_queued(db: impl PgExecutor<'_>) -> sqlx::Result<Vec<(Uuid, Uuid)>> {
+    sqlx::query_as(
+        "SELECT c.drive_id, c.machine_id FROM copies c
+         WHERE c.staged_for IS NOT NULL AND c.state = 'Filling'
+           AND EXISTS (SELECT 1 FROM workers w WHERE w.run_id = c.staged_for AND w.state = 'Pending')",
+    )
+    .fetch_all(db)
+    .await
+}
+
 /// Marks copies for removal; the agent deletes their folders and the rows go once it reports
 /// them gone.
 pub async fn evict(db: impl PgExecutor<'_>, machine: Uuid, drives: &[Uuid]) -> sqlx::Result<()> {

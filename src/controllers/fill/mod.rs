@@ -4,7 +4,7 @@
 
 pub mod plan;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::time::Duration;
 
 use chrono::Utc;
@@ -53,7 +53,8 @@ pub async fn tick(db: &PgPool, refill_after: Duration) -> anyhow::Result<(usize,
             fruitless: f.fruitless,
         })
         .collect();
-    let (changes, next) = plan::plan(&waiting, &copies, &fills, Utc::now(), refill_after);
+    let staged: BTreeSet<_> = store::copies::staged_for_queued(&mut *tx).await?.into_iter().collect();
+    let (changes, next) = plan::plan(&waiting, &staged, &copies, &fills, Utc::now(), refill_after);
     let changes = plan::batch(changes, MAX_FILLS, MAX_CHANGES);
     let new: Vec<(uuid::Uuid, uuid::Uuid)> = changes
         .iter()

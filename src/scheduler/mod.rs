@@ -19,6 +19,7 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use crate::controllers::fill;
+use crate::domain::machine::MachineState;
 use crate::domain::run::WorkerState;
 use crate::hub::{self, Hub};
 use crate::store::{
@@ -241,7 +242,7 @@ async fn apply(
         }
     }
     store::events::record_all(&mut *tx, &events).await?;
-    // The machines' agents were woken by the bind itself.
+    // The machines' agents were woken by the bind itself (the `machines_woken` trigger, see store::rules).
     tx.commit().await?;
     for u in &plan.ungranted {
         fail_ungranted(db, worker[&u.worker], &u.reason).await?;
@@ -327,7 +328,7 @@ async fn load_machines(
         for (drive, machine, state) in
             store::copies::states_for_placement(&mut *tx, drives, only.as_deref()).await?
         {
-            copies.entry(machine).or_default().insert(drive, CopyState::parse(&state));
+            copies.entry(machine).or_default().insert(drive, state);
         }
     }
     let mut machines = views(read, totals, copies);
@@ -366,7 +367,7 @@ fn views(
                 id: m.id,
                 name: m.name,
                 cluster: m.cluster,
-                ready: m.state == "Ready",
+                ready: m.state == MachineState::Ready,
                 cordoned: m.cordoned,
                 transports: m.transports,
                 cpu_total: m.cpu_millis.into(),

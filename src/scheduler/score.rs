@@ -62,6 +62,7 @@ mod tests {
     use std::collections::HashMap;
 
     use super::*;
+    use crate::domain::drive::{NodeScope, Transport};
     use crate::domain::task::NodeSelection;
     use crate::scheduler::snapshot::DriveNeed;
     use uuid::Uuid;
@@ -104,9 +105,9 @@ mod tests {
             id: Uuid::from_u128(1),
             name: "d".into(),
             full: "ws.d".into(),
-            scope: Some("placed".into()),
+            scope: Some(NodeScope::Placed),
             node: None,
-            transport: "Auto".into(),
+            transport: Transport::Auto,
             size_hint: 10,
             evictable: false,
         }

@@ -6,6 +6,8 @@ use chrono::{DateTime, Utc};
 use serde::Deserialize;
 use uuid::Uuid;
 
+pub use crate::domain::copy::CopyState;
+use crate::domain::drive::{NodeScope, Transport};
 use crate::domain::task::{NodeSelection, SelectionMode};
 
 /// A machine as placement sees it.
@@ -33,25 +35,6 @@ pub struct MachineView {
     pub copies: HashMap<Uuid, CopyState>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CopyState {
-    Filling,
-    Complete,
-    Failed,
-    Evicting,
-}
-
-impl CopyState {
-    pub fn parse(s: &str) -> CopyState {
-        match s {
-            "Complete" => CopyState::Complete,
-            "Failed" => CopyState::Failed,
-            "Evicting" => CopyState::Evicting,
-            _ => CopyState::Filling,
-        }
-    }
-}
-
 /// A copy as eviction weighs it.
 #[derive(Debug, Clone)]
 pub struct CopyView {
@@ -73,11 +56,11 @@ pub struct DriveNeed {
     /// `<namespace>.<drive>`.
     pub full: String,
     /// `placed`, `shared` or absent for a drive on one machine.
-    pub scope: Option<String>,
+    pub scope: Option<NodeScope>,
     /// The machine of a drive on one machine.
     pub node: Option<String>,
     /// `Local` pins the worker to `node`.
-    pub transport: String,
+    pub transport: Transport,
     pub size_hint: i64,
     pub evictable: bool,
     /// The host path of a drive on one machine or a shared filesystem.
@@ -87,7 +70,7 @@ pub struct DriveNeed {
 
 impl DriveNeed {
     pub fn is_placed(&self) -> bool {
-        self.scope.as_deref() == Some("placed")
+        self.scope == Some(NodeScope::Placed)
     }
 }
 

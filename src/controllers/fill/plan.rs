@@ -6,8 +6,8 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
+use crate::domain::copy::CopyState;
 use crate::domain::run::RunState;
-use crate::scheduler::snapshot::CopyState;
 
 /// A worker bound to `machine` that waits for a whole copy of `drive` there.
 #[derive(Debug, Clone)]

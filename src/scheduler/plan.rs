@@ -435,9 +435,9 @@ mod tests {
             id: id(n),
             name: format!("d{n}"),
             full: format!("default.d{n}"),
-            scope: Some("placed".into()),
+            scope: Some(crate::domain::drive::NodeScope::Placed),
             node: None,
-            transport: "Auto".into(),
+            transport: crate::domain::drive::Transport::Auto,
             size_hint,
             evictable: true,
         }

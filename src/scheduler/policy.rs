@@ -159,9 +159,9 @@ mod tests {
             id: Uuid::from_u128(7),
             name: "d".into(),
             full: "ws.d".into(),
-            scope: Some("placed".into()),
+            scope: Some(crate::domain::drive::NodeScope::Placed),
             node: None,
-            transport: "Auto".into(),
+            transport: crate::domain::drive::Transport::Auto,
             size_hint: 1_000,
             evictable: true,
         };

@@ -134,6 +134,7 @@ mod tests {
             gpus_free: 1,
             data_free: Some(2_100_000_000),
             reclaimable: 0,
+            images: vec![],
             copies: HashMap::new(),
         }
     }
@@ -161,6 +162,7 @@ mod tests {
             selection: NodeSelection::default(),
             drives: vec![],
             fill: false,
+            image: None,
         }
     }
 

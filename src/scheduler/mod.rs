@@ -19,6 +19,7 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use crate::controllers::fill;
+use crate::domain::image::ImageRef;
 use crate::domain::machine::MachineState;
 use crate::domain::run::WorkerState;
 use crate::hub::{self, Hub};
@@ -123,7 +124,9 @@ async fn read(
     let scope = scope(requests.values());
     let drives: BTreeSet<Uuid> = requests.values().flat_map(|r| r.placed().map(|d| d.id)).collect();
     let drives: Vec<Uuid> = drives.into_iter().collect();
-    let machines = load_machines(&mut *tx, scope.as_deref(), &drives).await?;
+    let images: BTreeSet<String> = requests.values().filter_map(|r| r.image.clone()).collect();
+    let images: Vec<String> = images.into_iter().collect();
+    let machines = load_machines(&mut *tx, scope.as_deref(), &drives, &images).await?;
     let scoped = scope.is_some();
     // The (machine, drive) of each fill, as the planner pins it.
     let fills: Vec<(Uuid, Uuid)> = fill_drives
@@ -278,6 +281,7 @@ fn request(run: &PendingRun) -> Request {
         selection: task.requested_resources.node_selection.clone(),
         drives: run.drives.0.clone(),
         fill: run.fill_drive_id.is_some(),
+        image: ImageRef::parse(&task.image).ok().filter(|i| !i.is_floating()).map(|i| i.to_string()),
     }
 }
 
@@ -319,6 +323,7 @@ async fn load_machines(
     tx: &mut sqlx::PgConnection,
     scope: Option<&[&str]>,
     drives: &[Uuid],
+    images: &[String],
 ) -> anyhow::Result<Vec<MachineView>> {
     let read = store::machines::for_placement(&mut *tx, scope).await?;
     let only: Option<Vec<Uuid>> = scope.map(|_| read.iter().map(|m| m.id).collect());
@@ -332,6 +337,15 @@ async fn load_machines(
         }
     }
     let mut machines = views(read, totals, copies);
+    if !images.is_empty() {
+        let mut held: HashMap<Uuid, Vec<String>> = HashMap::new();
+        for (machine, image) in store::machines::holding_images(&mut *tx, images).await? {
+            held.entry(machine).or_default().push(image);
+        }
+        for m in &mut machines {
+            m.images = held.remove(&m.id).unwrap_or_default();
+        }
+    }
     machines.sort_unstable_by(snapshot::placement_order);
     Ok(machines)
 }
@@ -378,6 +392,7 @@ fn views(
                 gpus_free: i64::from(m.gpus - m.gpus_alloc),
                 data_free,
                 reclaimable,
+                images: Vec::new(),
                 copies: copies.remove(&m.id).unwrap_or_default(),
             }
         })

@@ -118,6 +118,9 @@ pub struct Plan {
 /// Decides the pass: each worker in turn, against the machines as the earlier workers left them.
 pub fn plan(s: &Snapshot, now: DateTime<Utc>, policy: &Policy) -> Plan {
     let mut machines = s.machines.clone();
+    if !policy.decisions.images {
+        machines.iter_mut().for_each(|m| m.images.clear());
+    }
     let mut evictable = s.evictable.clone();
     let mut out = Plan::default();
     // Copies made whole during the pass are not: the index stays true for the whole pass.
@@ -425,6 +428,7 @@ mod tests {
             gpus_free: gpus,
             data_free,
             reclaimable: 0,
+            images: vec![],
             copies: HashMap::new(),
         }
     }
@@ -452,6 +456,7 @@ mod tests {
             selection: NodeSelection::default(),
             drives,
             fill: false,
+            image: None,
         }
     }
 

@@ -35,11 +35,15 @@ pub struct Decisions {
     /// Fill a queued run's drives ahead on the machines it will most likely get, while it
     /// waits for resources.
     pub stage_in: bool,
+    /// Count the images machines hold, after the data, when choosing among them.
+    pub images: bool,
 }
 
 impl Decisions {
-    pub const ALL: Decisions = Decisions { queue_eviction: true, refill_cost: true, stage_in: true };
-    pub const NONE: Decisions = Decisions { queue_eviction: false, refill_cost: false, stage_in: false };
+    pub const ALL: Decisions =
+        Decisions { queue_eviction: true, refill_cost: true, stage_in: true, images: true };
+    pub const NONE: Decisions =
+        Decisions { queue_eviction: false, refill_cost: false, stage_in: false, images: false };
 }
 
 impl Default for Decisions {
@@ -149,6 +153,7 @@ mod tests {
             gpus_free: 0,
             data_free: Some(1_000_000),
             reclaimable: 0,
+            images: vec![],
             copies: copy.map(|c| (Uuid::from_u128(7), c)).into_iter().collect(),
         }
     }
@@ -173,6 +178,7 @@ mod tests {
             selection: NodeSelection::default(),
             drives: vec![d],
             fill: false,
+            image: None,
         }
     }
 

@@ -194,6 +194,7 @@ mod tests {
             transports: vec![],
             data_free: None,
             reclaimable: 0,
+            images: vec![],
             copies: Default::default(),
             cpu_total: 4000,
             memory_total: 8_000,
@@ -213,6 +214,7 @@ mod tests {
             selection: NodeSelection::default(),
             drives: vec![],
             fill: false,
+            image: None,
         }
     }
 

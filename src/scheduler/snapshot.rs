@@ -30,6 +30,8 @@ pub struct MachineView {
     pub data_free: Option<i64>,
     /// What evicting its unused, evictable, whole copies would free.
     pub reclaimable: i64,
+    /// The images it holds, of those the pass's workers run (full names).
+    pub images: Vec<String>,
     /// The states of its copies of the drives the pass's workers mount, by drive: a pass
     /// weighs no other copy one by one.
     pub copies: HashMap<Uuid, CopyState>,
@@ -85,6 +87,8 @@ pub struct Request {
     pub drives: Vec<DriveNeed>,
     /// A fill's worker, which serves workers already on its machine.
     pub fill: bool,
+    /// The image it runs, by full name; `None` for a floating tag, pulled again anyway.
+    pub image: Option<String>,
 }
 
 impl Request {
@@ -114,6 +118,10 @@ impl MachineView {
         self.cpu_free -= cpu_millis;
         self.memory_free -= memory_bytes;
         self.gpus_free -= gpus;
+    }
+
+    pub fn holds_image(&self, r: &Request) -> bool {
+        r.image.as_ref().is_some_and(|i| self.images.contains(i))
     }
 
     pub fn copy_state(&self, drive: Uuid) -> Option<CopyState> {

@@ -344,6 +344,18 @@ pub async fn for_placement(
     }
 }
 
+/// The (machine, image) pairs where a machine's agent last reported holding one of `images`
+/// (full names), through the GIN index on the reports.
+pub async fn holding_images(db: impl PgExecutor<'_>, images: &[String]) -> sqlx::Result<Vec<(Uuid, String)>> {
+    sqlx::query_as(
+        "SELECT m.id, i.name FROM unnest($1::text[]) AS i(name)
+         JOIN machines m ON m.images @> jsonb_build_array(jsonb_build_object('name', i.name))",
+    )
+    .bind(images)
+    .fetch_all(db)
+    .await
+}
+
 /// Confirms where the machine keeps copies, and the most they may take. The version bump wakes
 /// its agent (the `machines_woken` trigger), and the new location makes every replica reconcile
 /// its next heartbeat (`machines_report_changed`; see `store::rules`).

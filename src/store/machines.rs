@@ -5,8 +5,8 @@ use std::collections::BTreeMap;
 use crate::domain::machine::MachineState;
 use crate::protocol::ImageReport;
 use chrono::{DateTime, Utc};
-use sqlx::PgExecutor;
 use sqlx::types::Json;
+use sqlx::{PgConnection, PgExecutor};
 use uuid::Uuid;
 
 #[derive(Debug, Clone, sqlx::FromRow)]
@@ -495,8 +495,11 @@ pub async fn lock(db: impl PgExecutor<'_>, id: Uuid) -> sqlx::Result<bool> {
 
 /// Deletes the machine, its copies and its fill runs (their foreign keys cascade); its
 /// credential goes with the row. Every replica forgets its heartbeat (the `machines_deleted`
-/// trigger, see `store::rules`).
-pub async fn delete(db: impl PgExecutor<'_>, id: Uuid) -> sqlx::Result<bool> {
-    let done = sqlx::query("DELETE FROM machines WHERE id = $1").bind(id).execute(db).await?;
+/// trigger, see `store::rules`). The fill runs go first: in the machine's one statement, the
+/// cascade would also unset their placed workers' `machine_id` (`ON DELETE SET NULL`), and that
+/// update fails its check against the run deleted beside it.
+pub async fn delete(tx: &mut PgConnection, id: Uuid) -> sqlx::Result<bool> {
+    sqlx::query("DELETE FROM runs WHERE fill_machine_id = $1").bind(id).execute(&mut *tx).await?;
+    let done = sqlx::query("DELETE FROM machines WHERE id = $1").bind(id).execute(&mut *tx).await?;
     Ok(done.rows_affected() == 1)
 }

@@ -5,10 +5,11 @@
 //! and its liveness and usage are written for all machines at once every
 //! [`flush_every`](crate::beats::flush_every). Whatever the server changes on its side of the
 //! report (a copy evicted or dropped, the data location, the machine's state) is announced by a
-//! trigger on `astraeus_report` and forgets the machine on every replica; every machine is
-//! forgotten when the notification listener reconnects, and an entry lapses after
-//! [`TTL`](crate::beats::TTL) anyway. A crash
-//! loses at most one batch of liveness, which the next heartbeat restores.
+//! trigger on `astraeus_report` (`copies_state_changed`, `copies_deleted`,
+//! `machines_report_changed`, `machines_deleted`: see `store::rules`) and forgets the machine on
+//! every replica; every machine is forgotten when the notification listener reconnects, and an
+//! entry lapses after [`TTL`](crate::beats::TTL) anyway. A crash loses at most one batch of
+//! liveness, which the next heartbeat restores.
 
 use std::collections::{HashMap, HashSet};
 use std::hash::{Hash, Hasher};

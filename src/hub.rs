@@ -15,15 +15,24 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
+/// A machine's assignment version moved: sent by the `machines_woken` trigger (see
+/// `store::rules`) with `<id>:<version>`, however the version was bumped.
 pub const MACHINE: &str = "astraeus_machine";
 pub const WORKER: &str = "astraeus_worker";
+/// Pending work may fit now: sent only by Rust ([`request_schedule`], [`worker_ended`]), never
+/// by a trigger.
 pub const SCHEDULE: &str = "astraeus_schedule";
+/// A watched object changed: sent with its kind by the change-log triggers (see
+/// `store::rules`), which have written its row of `changes`.
 pub const CHANGE: &str = "astraeus_change";
 /// A credential was revoked or replaced: the payload is the token's or the machine's id.
 pub const REVOKED: &str = "astraeus_revoked";
-/// The server changed its side of a machine's heartbeat (by trigger): the payload is the machine's id.
+/// The server changed its side of a machine's heartbeat (the `copies_state_changed`,
+/// `copies_deleted`, `machines_report_changed` and `machines_deleted` triggers, see
+/// `store::rules`): the payload is the machine's id.
 pub const REPORT: &str = "astraeus_report";
-/// A drive row was deleted or updated (by trigger): the drives kept for assignments are read again.
+/// A drive row was deleted or updated (the `drives_announced` trigger, see `store::rules`): the
+/// drives kept for assignments are read again.
 pub const DRIVE_CHANGED: &str = "astraeus_drive_changed";
 
 /// The tokens whose streams are open, each with what ends them when it is revoked.
@@ -98,7 +107,8 @@ pub struct Hub {
     /// Heartbeats that changed nothing, forgotten when the server changes its side.
     pub beats: crate::beats::Beats,
     /// The drives that assignments name, by workspace and name. A drive row is never updated,
-    /// so they are forgotten only when a drive is deleted (by trigger, on `DRIVE_CHANGED`).
+    /// so they are forgotten only when a drive is deleted (the `drives_announced` trigger, on
+    /// `DRIVE_CHANGED`).
     pub drives: crate::kept::Kept<(Uuid, String), crate::store::drives::DriveRecord>,
     /// The latest assignment version each machine's wake-up carried (`<id>:<version>`).
     versions: Mutex<HashMap<Uuid, i64>>,

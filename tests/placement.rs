@@ -473,6 +473,50 @@ async fn room_for_a_new_copy_keeps_the_copy_a_queued_worker_mounts(pool: PgPool)
 }
 
 #[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
+async fn a_run_that_waits_for_cores_has_its_drive_filled_ahead_and_starts_warm_when_they_free(pool: PgPool) {
+    const COPY: u64 = 100_000;
+    let fill = "set -e; head -c 100000 /dev/urandom > /drive/blob; touch /drive/.astralyx-filled";
+    let mut cluster = Cluster::start(&pool).await;
+    cluster.add_ready_machine("gpu-01").await;
+    cluster.add_ready_machine("gpu-02").await;
+    let api = cluster.api.clone();
+    api.create_drive(&placed_drive("set", COPY, true, fill, 0.25)).await;
+    // Each machine has 2 cores: 1.5 taken on each leaves room for the fill, not for the run.
+    for m in ["gpu-01", "gpu-02"] {
+        let hog = format!("hog-{m}");
+        api.create_run(&busy(&hog, m, 1.5)).await;
+        api.wait_worker(&format!("{hog}-0"), "Running").await;
+    }
+    api.create_run(&run_mounting("train", "cat /data/blob > /dev/null", &["set"], 1.0)).await;
+
+    // Both machines miss half a core; gpu-01 comes first. Its copy is filled while the run waits.
+    api.wait_completed("fill-set-gpu-01").await;
+    let drive = api.drive("set").await;
+    let copies: Vec<_> = drive["copies"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| (c["node"].clone(), c["complete"].clone()))
+        .collect();
+    assert_eq!(copies, [(json!("gpu-01"), json!(true))], "{drive}");
+    let events = api.get("/events?object=drive/set").await.expect(StatusCode::OK);
+    let staged: Vec<&serde_json::Value> =
+        events["items"].as_array().unwrap().iter().filter(|e| e["reason"] == "StagedIn").collect();
+    assert_eq!(staged.len(), 1, "{events}");
+    assert_eq!(staged[0]["message"], "copy on gpu-01 filled ahead for a queued run that waits for resources");
+    assert_eq!(api.worker("train-0").await["status"]["state"], "Pending");
+
+    // Cores free on gpu-01: the run starts there on the whole copy, with no fill of its own.
+    api.delete_run("hog-gpu-01").await;
+    api.wait_completed("train").await;
+    let worker = api.worker("train-0").await;
+    assert_eq!(worker["status"]["machine"], "gpu-01", "{worker}");
+    assert_eq!(cluster.fill_runs().await, 1);
+    api.delete_run("hog-gpu-02").await;
+    cluster.stop().await;
+}
+
+#[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
 async fn a_run_pinned_to_a_machine_weighs_its_copies_room_and_use_there(pool: PgPool) {
     // A pass whose runs all name their machines reads only those machines' copies: the named
     // machine's must still count, with which of them are in use.

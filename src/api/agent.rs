@@ -25,6 +25,7 @@ use crate::auth::seal;
 use crate::beats;
 use crate::domain::drive::{Location, full_name};
 use crate::domain::grant::{self, Grant};
+use crate::domain::machine::MachineState;
 use crate::domain::quantity::human_bytes;
 use crate::domain::restart;
 use crate::domain::run::{RunSpec, WorkerState};
@@ -212,6 +213,8 @@ async fn heartbeat(
         store::machines::set_images(&app.db, caller.id, images).await?;
     }
     let digest = beats::digest(&req.copies, usage.reserve_bytes);
+    // Whatever the server changed on its side since is announced by a trigger and forgotten
+    // here (`copies_state_changed` and its kin, see store::rules).
     if let Some(known) = app.hub.beats.known(caller.id, digest) {
         app.hub.beats.record(caller.id, &usage);
         return Ok(Json(HeartbeatResponse {
@@ -257,7 +260,7 @@ async fn heartbeat(
     let beat = store::machines::heartbeat(&mut *tx, caller.id, &usage)
         .await?
         .ok_or_else(|| ApiError::Unauthorized(format!("machine {} is not registered", caller.name)))?;
-    if beat.old_state != "Ready" {
+    if beat.old_state != MachineState::Ready {
         tracing::info!(machine = %caller.name, "machine is Ready again");
         hub::request_schedule(&mut *tx).await?;
     }
@@ -299,11 +302,12 @@ async fn assignments(
     let changed = notify.notified();
     tokio::pin!(changed);
     changed.as_mut().enable();
-    // A version heard in a wake-up is the one Postgres holds, or an older one whose successor's
-    // wake-up is on its way: an agent behind it is answered, and an agent holding it waits,
-    // without asking Postgres (an agent that will not wait is told what Postgres holds). The
-    // reads are boxed: inline, they would size the future every machine holds while it waits
-    // (1,840 bytes against 496, measured with `size_of_val`).
+    // A version heard in a wake-up (the `machines_woken` trigger, see store::rules) is the one
+    // Postgres holds, or an older one whose successor's wake-up is on its way: an agent behind
+    // it is answered, and an agent holding it waits, without asking Postgres (an agent that
+    // will not wait is told what Postgres holds). The reads are boxed: inline, they would size
+    // the future every machine holds while it waits (1,840 bytes against 496, measured with
+    // `size_of_val`).
     let heard = app.hub.assign_version(caller.id).filter(|&v| v > q.version || !wait.is_zero());
     let (mut version, mut db) = match heard {
         Some(heard) => (heard, None),

@@ -21,6 +21,7 @@ use super::{
     AppState, secrets,
     workers::{self, WorkerRef},
 };
+use crate::domain::copy::CopyState;
 use crate::domain::drive::{DriveSpec, Location, full_name};
 use crate::domain::grant::{self, Refused};
 use crate::domain::meta::MetaInput;
@@ -103,8 +104,7 @@ pub struct Copy {
     pub folder: String,
     pub bytes: u64,
     pub complete: bool,
-    /// `Filling`, `Complete` or `Failed`.
-    pub state: String,
+    pub state: CopyState,
     pub last_used_at: Option<DateTime<Utc>>,
     /// How far the fill has got; only while the copy is `Filling`.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -116,10 +116,10 @@ fn to_copy(full: &str, c: &CopyRecord) -> Copy {
         node: c.machine.clone(),
         folder: format!("{}/drives/{full}", c.data_path.as_deref().unwrap_or_default()),
         bytes: c.bytes.max(0) as u64,
-        complete: c.state == "Complete",
-        state: c.state.clone(),
+        complete: c.state == CopyState::Complete,
+        state: c.state,
         last_used_at: c.last_used_at,
-        progress: (c.state == "Filling").then(|| progress(&c.fill.with_bytes(c.bytes), Utc::now())),
+        progress: (c.state == CopyState::Filling).then(|| progress(&c.fill.with_bytes(c.bytes), Utc::now())),
     }
 }
 

@@ -157,7 +157,7 @@ pub async fn delete(
     let failed = liveness::fail_workers_on(&mut tx, m.id, &reason).await?;
     // Ends its agent's long-poll on commit: it asks again, is refused, and stops its containers.
     store::machines::touch_assignments(&mut *tx, &[m.id]).await?;
-    if !store::machines::delete(&mut *tx, m.id).await? {
+    if !store::machines::delete(&mut tx, m.id).await? {
         return Err(ApiError::not_found("machine", &name));
     }
     // Every replica forgets the credential it remembered as good.

@@ -22,7 +22,9 @@ use super::watch::{self, Kind};
 use super::workers::{self, Worker};
 use crate::auth::machine::new_join_token;
 use crate::domain::Name;
+use crate::domain::copy::CopyState;
 use crate::domain::drive::full_name;
+use crate::domain::machine::MachineState;
 use crate::domain::path::AbsPath;
 use crate::domain::progress::{Progress, progress};
 use crate::domain::quantity::CpuCores;
@@ -73,8 +75,7 @@ pub struct MachineCopy {
     /// Room promised to the copy while it fills: the drive's `size_hint_bytes`.
     pub size_hint_bytes: u64,
     pub complete: bool,
-    /// `Filling`, `Complete` or `Failed`.
-    pub state: String,
+    pub state: CopyState,
     pub last_used_at: Option<DateTime<Utc>>,
     /// How far the fill has got; only while the copy is `Filling`.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -108,8 +109,7 @@ pub struct MachineResources {
 
 #[derive(Debug, Serialize, ToSchema)]
 pub struct MachineStatus {
-    /// `Ready`, or `NotReady` when heartbeats stopped.
-    pub state: String,
+    pub state: MachineState,
     /// Takes no new workers (fills for those already here aside): an organisation admin
     /// cordoned or drained it.
     pub cordoned: bool,
@@ -186,8 +186,8 @@ fn to_copy(workspace: &str, data_path: &str, c: MachineCopyRecord) -> MachineCop
         drive: c.drive,
         bytes: c.bytes.max(0) as u64,
         size_hint_bytes: c.fill.size_hint.max(0) as u64,
-        complete: c.state == "Complete",
-        progress: (c.state == "Filling").then(|| progress(&c.fill.with_bytes(c.bytes), Utc::now())),
+        complete: c.state == CopyState::Complete,
+        progress: (c.state == CopyState::Filling).then(|| progress(&c.fill.with_bytes(c.bytes), Utc::now())),
         state: c.state,
         last_used_at: c.last_used_at,
     }

@@ -252,6 +252,25 @@ mod tests {
     }
 
     #[test]
+    fn a_scope_or_transport_is_read_by_its_name_and_an_unknown_one_is_an_error() {
+        // The scheduler reads both from JSON its claim builds in SQL, as the spec spells them.
+        for (name, scope) in [("placed", NodeScope::Placed), ("shared", NodeScope::Shared)] {
+            assert_eq!(serde_json::from_value::<NodeScope>(json!(name)).unwrap(), scope);
+            assert_eq!(serde_json::to_value(scope).unwrap(), json!(name));
+        }
+        for (name, transport) in [("Auto", Transport::Auto), ("Local", Transport::Local)] {
+            assert_eq!(serde_json::from_value::<Transport>(json!(name)).unwrap(), transport);
+            assert_eq!(serde_json::to_value(transport).unwrap(), json!(name));
+        }
+        for unknown in ["node", "Placed", ""] {
+            assert!(serde_json::from_value::<NodeScope>(json!(unknown)).is_err(), "{unknown:?}");
+        }
+        for unknown in ["Remote", "local", ""] {
+            assert!(serde_json::from_value::<Transport>(json!(unknown)).is_err(), "{unknown:?}");
+        }
+    }
+
+    #[test]
     fn a_drive_on_one_machine_reads_its_path() {
         let spec: DriveSpec = serde_json::from_value(json!({
             "sources": [{"node": "gpu-01", "path": "/datasets/food101", "mount_path": "/data", "mode": "ReadWrite"}],

@@ -1,10 +1,12 @@
 //! Validated types and pure rules: names, paths, drive and run specs. No I/O.
 
+pub mod copy;
 pub mod drive;
 pub mod field;
 pub mod grant;
 pub mod image;
 pub mod log_budget;
+pub mod machine;
 pub mod meta;
 pub mod name;
 pub mod path;

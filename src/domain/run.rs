@@ -202,6 +202,26 @@ mod tests {
     }
 
     #[test]
+    fn a_run_or_worker_state_is_read_by_its_name_and_an_unknown_one_is_an_error() {
+        for state in [Pending, Preparing, Running, Completed, Failed] {
+            let name = serde_json::to_value(state).unwrap();
+            assert_eq!(name, format!("{state:?}"));
+            assert_eq!(serde_json::from_value::<WorkerState>(name).unwrap(), state);
+        }
+        for state in [RunState::Pending, RunState::Running, RunState::Completed, RunState::Failed] {
+            let name = serde_json::to_value(state).unwrap();
+            assert_eq!(name, format!("{state:?}"));
+            assert_eq!(serde_json::from_value::<RunState>(name).unwrap(), state);
+        }
+        for unknown in ["Succeeded", "running", ""] {
+            assert!(serde_json::from_value::<WorkerState>(unknown.into()).is_err(), "{unknown:?}");
+            assert!(serde_json::from_value::<RunState>(unknown.into()).is_err(), "{unknown:?}");
+        }
+        // A run is never Preparing: only its workers are.
+        assert!(serde_json::from_value::<RunState>("Preparing".into()).is_err());
+    }
+
+    #[test]
     fn one_failed_worker_fails_the_run_and_says_why() {
         let (state, reason) =
             summarize(&[("r-0", Completed, "", false), ("r-1", Failed, "exited with code 3", false)]);

@@ -5,13 +5,13 @@ use std::collections::{BTreeSet, HashMap};
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
-use super::snapshot::{CopyState, CopyView, is_evictable};
+use super::snapshot::{CopyView, is_evictable};
 use crate::store::copies::EvictionCopy;
 
 /// A copy as eviction weighs it; `in_use` also when a worker not yet known to Postgres mounts it.
 pub fn view(c: &EvictionCopy, in_use: bool) -> CopyView {
     CopyView {
-        state: CopyState::parse(&c.state),
+        state: c.state,
         bytes: c.bytes,
         size_hint: c.size_hint,
         evictable: c.evictable,

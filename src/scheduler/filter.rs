@@ -1,6 +1,7 @@
 //! Filters: whether a machine can take a worker, and if not, why, in words a person can act on.
 
 use super::snapshot::{MachineView, Request};
+use crate::domain::drive::Transport;
 use crate::domain::grant::{self, Grant};
 use crate::domain::path::AbsPath;
 use crate::domain::quantity::human_bytes;
@@ -45,7 +46,7 @@ fn admits(m: &MachineView, r: &Request) -> Result<(), String> {
     if !r.selects(&m.name) {
         return Err("not among the run's node_selection names".into());
     }
-    for d in r.drives.iter().filter(|d| d.transport == "Local") {
+    for d in r.drives.iter().filter(|d| d.transport == Transport::Local) {
         if let Some(node) = d.node.as_deref().filter(|n| *n != m.name) {
             return Err(format!("drive {} is reached only on {node} (transport Local)", d.name));
         }
@@ -112,6 +113,7 @@ mod tests {
 
     use super::*;
     use crate::domain::Name;
+    use crate::domain::drive::NodeScope;
     use crate::domain::task::{NodeSelection, SelectionMode};
     use crate::scheduler::snapshot::{CopyState, DriveNeed};
     use uuid::Uuid;
@@ -132,6 +134,7 @@ mod tests {
             gpus_free: 1,
             data_free: Some(2_100_000_000),
             reclaimable: 0,
+            images: vec![],
             copies: HashMap::new(),
         }
     }
@@ -142,9 +145,9 @@ mod tests {
             id: Uuid::from_u128(101),
             name: "food101".into(),
             full: "default.food101".into(),
-            scope: Some("placed".into()),
+            scope: Some(NodeScope::Placed),
             node: None,
-            transport: "Auto".into(),
+            transport: Transport::Auto,
             size_hint: 6_000_000_000,
             evictable: true,
         }
@@ -159,6 +162,7 @@ mod tests {
             selection: NodeSelection::default(),
             drives: vec![],
             fill: false,
+            image: None,
         }
     }
 
@@ -232,7 +236,7 @@ mod tests {
                     let mut d = food101();
                     d.scope = None;
                     d.node = Some("gpu-02".into());
-                    d.transport = "Local".into();
+                    d.transport = Transport::Local;
                     r.drives = vec![d];
                 },
                 "drive food101 is reached only on gpu-02 (transport Local)",
@@ -250,7 +254,7 @@ mod tests {
         use crate::domain::task::Mode;
         let mut r = request();
         let mut d = food101();
-        d.scope = Some("shared".into());
+        d.scope = Some(NodeScope::Shared);
         d.host_path = Some("/scratch/ml/food101".into());
         r.drives = vec![d];
         let grant = |p: &str| Grant { path: AbsPath::parse(p).unwrap(), mode: Mode::ReadOnly };
@@ -289,7 +293,7 @@ mod tests {
         let mut none = m.clone();
         none.data_free = None;
         let mut shared = food101();
-        shared.scope = Some("shared".into());
+        shared.scope = Some(NodeScope::Shared);
         r.drives = vec![shared];
         assert_eq!(fits(&none, &r), Ok(()));
     }

@@ -19,6 +19,8 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use crate::controllers::fill;
+use crate::domain::image::ImageRef;
+use crate::domain::machine::MachineState;
 use crate::domain::run::WorkerState;
 use crate::hub::{self, Hub};
 use crate::store::{
@@ -122,7 +124,9 @@ async fn read(
     let scope = scope(requests.values());
     let drives: BTreeSet<Uuid> = requests.values().flat_map(|r| r.placed().map(|d| d.id)).collect();
     let drives: Vec<Uuid> = drives.into_iter().collect();
-    let machines = load_machines(&mut *tx, scope.as_deref(), &drives).await?;
+    let images: BTreeSet<String> = requests.values().filter_map(|r| r.image.clone()).collect();
+    let images: Vec<String> = images.into_iter().collect();
+    let machines = load_machines(&mut *tx, scope.as_deref(), &drives, &images).await?;
     let scoped = scope.is_some();
     // The (machine, drive) of each fill, as the planner pins it.
     let fills: Vec<(Uuid, Uuid)> = fill_drives
@@ -148,6 +152,10 @@ async fn read(
     for c in store::copies::on_machines_for_eviction(&mut *tx, &short).await? {
         evictable.entry(c.machine_id).or_default().insert(c.drive_id, evict::view(&c, false));
     }
+    let staging = match Policy::PRODUCT.decisions.stage_in {
+        true => store::copies::staging(&mut *tx).await? as usize,
+        false => 0,
+    };
     let queued = match evictable.is_empty() {
         true => BTreeSet::new(),
         false => store::copies::queued_drives(&mut *tx).await?.into_iter().collect(),
@@ -163,7 +171,7 @@ async fn read(
         grants,
         evictable,
         queued,
-        staging: 0,
+        staging,
     })
 }
 
@@ -208,6 +216,13 @@ async fn apply(
     for c in &plan.copies {
         store::copies::ensure(&mut *tx, c.drive, c.machine, c.size_hint, c.evictable).await?;
     }
+    for st in &plan.staged {
+        let c = &st.copy;
+        store::copies::stage(&mut *tx, c.drive, c.machine, c.size_hint, c.evictable, st.run).await?;
+        let m = s.machines.iter().find(|m| m.id == c.machine).map_or("", |m| m.name.as_str());
+        let why = format!("copy on {m} filled ahead for a queued run that waits for resources");
+        store::events::record_for_drive(&mut *tx, c.drive, false, "StagedIn", &why, "scheduler").await?;
+    }
     let (used_machines, used_drives): (Vec<Uuid>, Vec<Uuid>) = plan.used.iter().copied().unzip();
     store::copies::touch_used_pairs(&mut *tx, &used_machines, &used_drives).await?;
     let bound = store::workers::bind_all(&mut tx, &plan.binds).await?;
@@ -230,7 +245,7 @@ async fn apply(
         }
     }
     store::events::record_all(&mut *tx, &events).await?;
-    // The machines' agents were woken by the bind itself.
+    // The machines' agents were woken by the bind itself (the `machines_woken` trigger, see store::rules).
     tx.commit().await?;
     for u in &plan.ungranted {
         fail_ungranted(db, worker[&u.worker], &u.reason).await?;
@@ -266,6 +281,7 @@ fn request(run: &PendingRun) -> Request {
         selection: task.requested_resources.node_selection.clone(),
         drives: run.drives.0.clone(),
         fill: run.fill_drive_id.is_some(),
+        image: ImageRef::parse(&task.image).ok().filter(|i| !i.is_floating()).map(|i| i.to_string()),
     }
 }
 
@@ -307,6 +323,7 @@ async fn load_machines(
     tx: &mut sqlx::PgConnection,
     scope: Option<&[&str]>,
     drives: &[Uuid],
+    images: &[String],
 ) -> anyhow::Result<Vec<MachineView>> {
     let read = store::machines::for_placement(&mut *tx, scope).await?;
     let only: Option<Vec<Uuid>> = scope.map(|_| read.iter().map(|m| m.id).collect());
@@ -316,10 +333,19 @@ async fn load_machines(
         for (drive, machine, state) in
             store::copies::states_for_placement(&mut *tx, drives, only.as_deref()).await?
         {
-            copies.entry(machine).or_default().insert(drive, CopyState::parse(&state));
+            copies.entry(machine).or_default().insert(drive, state);
         }
     }
     let mut machines = views(read, totals, copies);
+    if !images.is_empty() {
+        let mut held: HashMap<Uuid, Vec<String>> = HashMap::new();
+        for (machine, image) in store::machines::holding_images(&mut *tx, images).await? {
+            held.entry(machine).or_default().push(image);
+        }
+        for m in &mut machines {
+            m.images = held.remove(&m.id).unwrap_or_default();
+        }
+    }
     machines.sort_unstable_by(snapshot::placement_order);
     Ok(machines)
 }
@@ -355,7 +381,7 @@ fn views(
                 id: m.id,
                 name: m.name,
                 cluster: m.cluster,
-                ready: m.state == "Ready",
+                ready: m.state == MachineState::Ready,
                 cordoned: m.cordoned,
                 transports: m.transports,
                 cpu_total: m.cpu_millis.into(),
@@ -366,6 +392,7 @@ fn views(
                 gpus_free: i64::from(m.gpus - m.gpus_alloc),
                 data_free,
                 reclaimable,
+                images: Vec::new(),
                 copies: copies.remove(&m.id).unwrap_or_default(),
             }
         })

@@ -118,6 +118,9 @@ pub struct Plan {
 /// Decides the pass: each worker in turn, against the machines as the earlier workers left them.
 pub fn plan(s: &Snapshot, now: DateTime<Utc>, policy: &Policy) -> Plan {
     let mut machines = s.machines.clone();
+    if !policy.decisions.images {
+        machines.iter_mut().for_each(|m| m.images.clear());
+    }
     let mut evictable = s.evictable.clone();
     let mut out = Plan::default();
     // Copies made whole during the pass are not: the index stays true for the whole pass.
@@ -425,6 +428,7 @@ mod tests {
             gpus_free: gpus,
             data_free,
             reclaimable: 0,
+            images: vec![],
             copies: HashMap::new(),
         }
     }
@@ -435,9 +439,9 @@ mod tests {
             id: id(n),
             name: format!("d{n}"),
             full: format!("default.d{n}"),
-            scope: Some("placed".into()),
+            scope: Some(crate::domain::drive::NodeScope::Placed),
             node: None,
-            transport: "Auto".into(),
+            transport: crate::domain::drive::Transport::Auto,
             size_hint,
             evictable: true,
         }
@@ -452,6 +456,7 @@ mod tests {
             selection: NodeSelection::default(),
             drives,
             fill: false,
+            image: None,
         }
     }
 
@@ -636,8 +641,7 @@ mod tests {
         assert!(p.binds.is_empty());
         let copy = NewCopy { machine: id(102), drive: id(1), size_hint: 150 * GB, evictable: true };
         assert_eq!(p.staged, [Staged { run: id(501), copy }]);
-        // The product does not fill ahead; with the copy filling there, nothing more is.
-        assert!(plan(&s, now(), &Policy::PRODUCT).staged.is_empty());
+        // With the copy filling there, nothing more is.
         let mut s = s;
         s.machines[1].copies.insert(id(1), CopyState::Filling);
         assert!(plan(&s, now(), &all).staged.is_empty());

@@ -19,10 +19,8 @@ pub struct Policy {
 }
 
 impl Policy {
-    /// What the scheduler follows. Stage-in is weighed in the simulator only: the fill
-    /// controller does not fill a copy for a run that is not placed.
-    pub const PRODUCT: Policy =
-        Policy { scoring: Scoring::Astraeus, decisions: Decisions { stage_in: false, ..Decisions::ALL } };
+    /// What the scheduler follows.
+    pub const PRODUCT: Policy = Policy { scoring: Scoring::Astraeus, decisions: Decisions::ALL };
 }
 
 /// The decisions that weigh the data, each measured in the simulator against the product
@@ -37,11 +35,15 @@ pub struct Decisions {
     /// Fill a queued run's drives ahead on the machines it will most likely get, while it
     /// waits for resources.
     pub stage_in: bool,
+    /// Count the images machines hold, after the data, when choosing among them.
+    pub images: bool,
 }
 
 impl Decisions {
-    pub const ALL: Decisions = Decisions { queue_eviction: true, refill_cost: true, stage_in: true };
-    pub const NONE: Decisions = Decisions { queue_eviction: false, refill_cost: false, stage_in: false };
+    pub const ALL: Decisions =
+        Decisions { queue_eviction: true, refill_cost: true, stage_in: true, images: true };
+    pub const NONE: Decisions =
+        Decisions { queue_eviction: false, refill_cost: false, stage_in: false, images: false };
 }
 
 impl Default for Decisions {
@@ -151,6 +153,7 @@ mod tests {
             gpus_free: 0,
             data_free: Some(1_000_000),
             reclaimable: 0,
+            images: vec![],
             copies: copy.map(|c| (Uuid::from_u128(7), c)).into_iter().collect(),
         }
     }
@@ -161,9 +164,9 @@ mod tests {
             id: Uuid::from_u128(7),
             name: "d".into(),
             full: "ws.d".into(),
-            scope: Some("placed".into()),
+            scope: Some(crate::domain::drive::NodeScope::Placed),
             node: None,
-            transport: "Auto".into(),
+            transport: crate::domain::drive::Transport::Auto,
             size_hint: 1_000,
             evictable: true,
         };
@@ -175,6 +178,7 @@ mod tests {
             selection: NodeSelection::default(),
             drives: vec![d],
             fill: false,
+            image: None,
         }
     }
 

@@ -9,6 +9,8 @@ pub struct Score {
     pub complete: usize,
     /// … with a copy being filled here.
     pub filling: usize,
+    /// The machine holds the worker's image: the data comes first, as it is larger by far.
+    pub image: bool,
     /// Room left for new copies in whole GB, when the run mounts placed drives: finer
     /// differences are noise from disks that change under the machines.
     pub data_free: i64,
@@ -22,9 +24,10 @@ impl std::fmt::Display for Score {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "complete copies {}, filling {}, data room {}, resources {}",
+            "complete copies {}, filling {}, image {}, data room {}, resources {}",
             self.complete,
             self.filling,
+            if self.image { "held" } else { "to pull" },
             crate::domain::quantity::human_bytes((self.data_free.max(0) * GB) as u64),
             self.resources
         )
@@ -37,6 +40,7 @@ pub fn score(m: &MachineView, r: &Request) -> Score {
     Score {
         complete: count(CopyState::Complete),
         filling: count(CopyState::Filling),
+        image: m.holds_image(r),
         data_free: if has_placed { (m.data_free.unwrap_or(0) + m.reclaimable) / GB } else { 0 },
         resources: least_allocated(m, r),
     }
@@ -62,6 +66,7 @@ mod tests {
     use std::collections::HashMap;
 
     use super::*;
+    use crate::domain::drive::{NodeScope, Transport};
     use crate::domain::task::NodeSelection;
     use crate::scheduler::snapshot::DriveNeed;
     use uuid::Uuid;
@@ -82,6 +87,7 @@ mod tests {
             gpus_free: 0,
             data_free: Some(1_000),
             reclaimable: 0,
+            images: vec![],
             copies: HashMap::new(),
         }
     }
@@ -95,6 +101,7 @@ mod tests {
             selection: NodeSelection::default(),
             drives,
             fill: false,
+            image: None,
         }
     }
 
@@ -104,9 +111,9 @@ mod tests {
             id: Uuid::from_u128(1),
             name: "d".into(),
             full: "ws.d".into(),
-            scope: Some("placed".into()),
+            scope: Some(NodeScope::Placed),
             node: None,
-            transport: "Auto".into(),
+            transport: Transport::Auto,
             size_hint: 10,
             evictable: false,
         }
@@ -146,5 +153,23 @@ mod tests {
         let mut a = machine(4000, 8_000);
         a.data_free = Some(1 << 40);
         assert_eq!(score(&a, &r), score(&machine(4000, 8_000), &r));
+    }
+
+    #[test]
+    fn a_held_image_counts_after_the_data() {
+        let mut r = request(vec![drive()]);
+        r.image = Some("docker.io/library/busybox:1.36".into());
+        let mut holds = machine(2000, 4_000);
+        holds.images = vec!["docker.io/library/busybox:1.36".into()];
+        let idle = machine(4000, 8_000);
+        assert!(score(&holds, &r) > score(&idle, &r), "the image outweighs free resources");
+        assert!(
+            score(&with_copy(idle, CopyState::Filling), &r) > score(&holds, &r),
+            "the data outweighs the image"
+        );
+        assert_eq!(
+            score(&holds, &r).to_string(),
+            "complete copies 0, filling 0, image held, data room 0 B, resources 25"
+        );
     }
 }

@@ -180,6 +180,7 @@ mod tests {
 
     use super::*;
     use crate::domain::Name;
+    use crate::domain::drive::{NodeScope, Transport};
     use crate::domain::task::{NodeSelection, SelectionMode};
     use crate::scheduler::snapshot::{CopyView, DriveNeed, is_evictable};
 
@@ -193,6 +194,7 @@ mod tests {
             transports: vec![],
             data_free: None,
             reclaimable: 0,
+            images: vec![],
             copies: Default::default(),
             cpu_total: 4000,
             memory_total: 8_000,
@@ -212,6 +214,7 @@ mod tests {
             selection: NodeSelection::default(),
             drives: vec![],
             fill: false,
+            image: None,
         }
     }
 
@@ -243,9 +246,9 @@ mod tests {
             id: Uuid::from_u128(n.into()),
             name: format!("d{n}"),
             full: format!("default.d{n}"),
-            scope: Some("placed".into()),
+            scope: Some(NodeScope::Placed),
             node: None,
-            transport: "Auto".into(),
+            transport: Transport::Auto,
             size_hint,
             evictable: true,
         }

@@ -6,6 +6,8 @@ use chrono::{DateTime, Utc};
 use serde::Deserialize;
 use uuid::Uuid;
 
+pub use crate::domain::copy::CopyState;
+use crate::domain::drive::{NodeScope, Transport};
 use crate::domain::task::{NodeSelection, SelectionMode};
 
 /// A machine as placement sees it.
@@ -28,28 +30,11 @@ pub struct MachineView {
     pub data_free: Option<i64>,
     /// What evicting its unused, evictable, whole copies would free.
     pub reclaimable: i64,
+    /// The images it holds, of those the pass's workers run (full names).
+    pub images: Vec<String>,
     /// The states of its copies of the drives the pass's workers mount, by drive: a pass
     /// weighs no other copy one by one.
     pub copies: HashMap<Uuid, CopyState>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CopyState {
-    Filling,
-    Complete,
-    Failed,
-    Evicting,
-}
-
-impl CopyState {
-    pub fn parse(s: &str) -> CopyState {
-        match s {
-            "Complete" => CopyState::Complete,
-            "Failed" => CopyState::Failed,
-            "Evicting" => CopyState::Evicting,
-            _ => CopyState::Filling,
-        }
-    }
 }
 
 /// A copy as eviction weighs it.
@@ -73,11 +58,11 @@ pub struct DriveNeed {
     /// `<namespace>.<drive>`.
     pub full: String,
     /// `placed`, `shared` or absent for a drive on one machine.
-    pub scope: Option<String>,
+    pub scope: Option<NodeScope>,
     /// The machine of a drive on one machine.
     pub node: Option<String>,
     /// `Local` pins the worker to `node`.
-    pub transport: String,
+    pub transport: Transport,
     pub size_hint: i64,
     pub evictable: bool,
     /// The host path of a drive on one machine or a shared filesystem.
@@ -87,7 +72,7 @@ pub struct DriveNeed {
 
 impl DriveNeed {
     pub fn is_placed(&self) -> bool {
-        self.scope.as_deref() == Some("placed")
+        self.scope == Some(NodeScope::Placed)
     }
 }
 
@@ -102,6 +87,8 @@ pub struct Request {
     pub drives: Vec<DriveNeed>,
     /// A fill's worker, which serves workers already on its machine.
     pub fill: bool,
+    /// The image it runs, by full name; `None` for a floating tag, pulled again anyway.
+    pub image: Option<String>,
 }
 
 impl Request {
@@ -131,6 +118,10 @@ impl MachineView {
         self.cpu_free -= cpu_millis;
         self.memory_free -= memory_bytes;
         self.gpus_free -= gpus;
+    }
+
+    pub fn holds_image(&self, r: &Request) -> bool {
+        r.image.as_ref().is_some_and(|i| self.images.contains(i))
     }
 
     pub fn copy_state(&self, drive: Uuid) -> Option<CopyState> {

@@ -1,4 +1,6 @@
-//! The `changes` table: every change to a watched object, in one global order (triggers write it).
+//! The `changes` table: every change to a watched object, in one global order. Only the
+//! change-log triggers (`runs_changed`, `workers_modified`, `copies_modified` and their kin, see
+//! `store::rules`) write it; these functions read and compact it.
 
 use chrono::{DateTime, Utc};
 use sqlx::PgExecutor;

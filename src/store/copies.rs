@@ -4,6 +4,7 @@ use chrono::{DateTime, Utc};
 use sqlx::{PgConnection, PgExecutor};
 use uuid::Uuid;
 
+use crate::domain::copy::CopyState;
 use crate::domain::progress;
 
 /// A copy as the API shows it.
@@ -12,7 +13,7 @@ pub struct CopyRecord {
     pub machine_id: Uuid,
     pub machine: String,
     pub data_path: Option<String>,
-    pub state: String,
+    pub state: CopyState,
     pub bytes: i64,
     pub last_used_at: Option<DateTime<Utc>>,
     #[sqlx(flatten)]
@@ -44,7 +45,7 @@ impl FillObservation {
 pub struct EvictionCopy {
     pub drive_id: Uuid,
     pub machine_id: Uuid,
-    pub state: String,
+    pub state: CopyState,
     pub bytes: i64,
     pub size_hint: i64,
     pub evictable: bool,
@@ -107,7 +108,7 @@ pub async fn counts(db: impl PgExecutor<'_>, drives: &[Uuid]) -> sqlx::Result<Ve
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct MachineCopyRecord {
     pub drive: String,
-    pub state: String,
+    pub state: CopyState,
     pub bytes: i64,
     pub last_used_at: Option<DateTime<Utc>>,
     #[sqlx(flatten)]
@@ -238,7 +239,7 @@ pub async fn states_for_placement(
     db: impl PgExecutor<'_>,
     drives: &[Uuid],
     machines: Option<&[Uuid]>,
-) -> sqlx::Result<Vec<(Uuid, Uuid, String)>> {
+) -> sqlx::Result<Vec<(Uuid, Uuid, CopyState)>> {
     let sql = format!(
         "SELECT drive_id, machine_id, state FROM copies WHERE drive_id = ANY($1){}",
         machines.map_or("", |_| " AND machine_id = ANY($2)")
@@ -257,7 +258,7 @@ pub async fn unsettled(
     db: impl PgExecutor<'_>,
     drives: &[Uuid],
     machines: &[Uuid],
-) -> sqlx::Result<Vec<(Uuid, Uuid, String)>> {
+) -> sqlx::Result<Vec<(Uuid, Uuid, CopyState)>> {
     sqlx::query_as(
         "SELECT drive_id, machine_id, state FROM copies WHERE state <> 'Complete'
          UNION
@@ -292,8 +293,54 @@ pub async fn ensure(
     .map(drop)
 }
 
+/// Makes a copy filled ahead for `run`, which waits for resources (Filling, holding
+/// `size_hint` of room); nothing when the machine has a copy already.
+pub async fn stage(
+    db: impl PgExecutor<'_>,
+    drive: Uuid,
+    machine: Uuid,
+    size_hint: i64,
+    evictable: bool,
+    run: Uuid,
+) -> sqlx::Result<()> {
+    sqlx::query(
+        "INSERT INTO copies (id, drive_id, machine_id, size_hint, evictable, staged_for)
+         SELECT $1, $2, $3, $4, $5, $6 WHERE EXISTS (SELECT 1 FROM runs WHERE id = $6)
+         ON CONFLICT ON CONSTRAINT copies_drive_machine_key DO NOTHING",
+    )
+    .bind(Uuid::now_v7())
+    .bind(drive)
+    .bind(machine)
+    .bind(size_hint)
+    .bind(evictable)
+    .bind(run)
+    .execute(db)
+    .await
+    .map(drop)
+}
+
+/// Copies being filled ahead for queued runs now, against the planner's budget.
+pub async fn staging(db: impl PgExecutor<'_>) -> sqlx::Result<i64> {
+    sqlx::query_scalar("SELECT count(*) FROM copies WHERE staged_for IS NOT NULL AND state = 'Filling'")
+        .fetch_one(db)
+        .await
+}
+
+/// The (drive, machine) of copies being filled ahead for runs that still have Pending workers:
+/// the fill controller fills them as it does copies a bound worker waits for.
+pub async fn staged_for_queued(db: impl PgExecutor<'_>) -> sqlx::Result<Vec<(Uuid, Uuid)>> {
+    sqlx::query_as(
+        "SELECT c.drive_id, c.machine_id FROM copies c
+         WHERE c.staged_for IS NOT NULL AND c.state = 'Filling'
+           AND EXISTS (SELECT 1 FROM workers w WHERE w.run_id = c.staged_for AND w.state = 'Pending')",
+    )
+    .fetch_all(db)
+    .await
+}
+
 /// Marks copies for removal; the agent deletes their folders and the rows go once it reports
-/// them gone.
+/// them gone. The machine's next heartbeat is reconciled in full, and so told to delete them,
+/// by the `copies_state_changed` trigger (see `store::rules`).
 pub async fn evict(db: impl PgExecutor<'_>, machine: Uuid, drives: &[Uuid]) -> sqlx::Result<()> {
     sqlx::query("UPDATE copies SET state = 'Evicting' WHERE machine_id = $1 AND drive_id = ANY($2)")
         .bind(machine)
@@ -303,7 +350,14 @@ pub async fn evict(db: impl PgExecutor<'_>, machine: Uuid, drives: &[Uuid]) -> s
         .map(drop)
 }
 
-pub async fn set_state(db: impl PgExecutor<'_>, drive: Uuid, machine: Uuid, state: &str) -> sqlx::Result<()> {
+/// Moves a copy between `Filling` and `Failed`, never out of `Evicting`. Its machine's next
+/// heartbeat is reconciled in full (the `copies_state_changed` trigger, see `store::rules`).
+pub async fn set_state(
+    db: impl PgExecutor<'_>,
+    drive: Uuid,
+    machine: Uuid,
+    state: CopyState,
+) -> sqlx::Result<()> {
     sqlx::query(
         "UPDATE copies SET state = $3 WHERE drive_id = $1 AND machine_id = $2 AND state <> 'Evicting'",
     )
@@ -357,7 +411,7 @@ pub async fn reconcile(
 ) -> sqlx::Result<Reconciled> {
     // Lock the machine's copies and read their states first: a CTE cannot, because rows that
     // the UPDATE below changes are invisible to a FOR UPDATE in the same statement.
-    let before: std::collections::HashMap<Uuid, String> =
+    let before: std::collections::HashMap<Uuid, CopyState> =
         sqlx::query_as("SELECT drive_id, state FROM copies WHERE machine_id = $1 ORDER BY id FOR UPDATE")
             .bind(machine)
             .fetch_all(&mut *tx)
@@ -369,7 +423,7 @@ pub async fn reconcile(
     // a drive deleted and made again under the same name is never the new drive's copy, and is
     // named for deletion. The copies the agent no longer has, which no reported folder holds,
     // change in the same statement: evicted ones are gone; whole ones must be filled again.
-    let rows: Vec<(String, Option<Uuid>, Option<String>, i64)> = sqlx::query_as(
+    let rows: Vec<(String, Option<Uuid>, Option<CopyState>, i64)> = sqlx::query_as(
         "WITH r AS (SELECT * FROM unnest($2::text[], $3::bigint[], $4::bool[], $5::uuid[])
                     AS r(folder, bytes, complete, reported_id)),
          d AS (SELECT r.folder, r.bytes, r.complete, dr.id AS drive_id FROM r
@@ -412,10 +466,10 @@ pub async fn reconcile(
     .await?;
     let mut out = Reconciled::default();
     for (folder, drive, state, bytes) in rows {
-        let was_incomplete = drive.and_then(|d| before.get(&d)).is_some_and(|s| s != "Complete");
-        match (drive, state.as_deref()) {
-            (Some(d), Some("Complete")) if was_incomplete => out.completed.push((d, bytes)),
-            (_, None) | (_, Some("Evicting")) => out.delete.push(folder),
+        let was_incomplete = drive.and_then(|d| before.get(&d)).is_some_and(|s| *s != CopyState::Complete);
+        match (drive, state) {
+            (Some(d), Some(CopyState::Complete)) if was_incomplete => out.completed.push((d, bytes)),
+            (_, None) | (_, Some(CopyState::Evicting)) => out.delete.push(folder),
             _ => {}
         }
     }

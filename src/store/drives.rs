@@ -110,6 +110,8 @@ pub async fn lock_for_delete(
         .await
 }
 
+/// Deletes the drive; every replica forgets the drives it kept for assignments (the
+/// `drives_announced` trigger, see `store::rules`).
 pub async fn delete(db: impl PgExecutor<'_>, id: Uuid) -> sqlx::Result<()> {
     sqlx::query("DELETE FROM drives WHERE id = $1").bind(id).execute(db).await.map(drop)
 }

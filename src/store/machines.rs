@@ -2,10 +2,11 @@
 
 use std::collections::BTreeMap;
 
+use crate::domain::machine::MachineState;
 use crate::protocol::ImageReport;
 use chrono::{DateTime, Utc};
-use sqlx::PgExecutor;
 use sqlx::types::Json;
+use sqlx::{PgConnection, PgExecutor};
 use uuid::Uuid;
 
 #[derive(Debug, Clone, sqlx::FromRow)]
@@ -22,7 +23,7 @@ pub struct MachineRecord {
     pub cpu_alloc: i32,
     pub memory_alloc: i64,
     pub gpus_alloc: i32,
-    pub state: String,
+    pub state: MachineState,
     pub last_heartbeat_at: DateTime<Utc>,
     pub credential_id: Uuid,
     pub data_proposed: Option<String>,
@@ -112,7 +113,7 @@ pub struct Beat {
     #[sqlx(flatten)]
     pub machine: MachineRecord,
     /// The state before this heartbeat: a machine coming back can take work again.
-    pub old_state: String,
+    pub old_state: MachineState,
 }
 
 /// Records a heartbeat: the machine is Ready, with this data-location usage. Its row is locked
@@ -316,7 +317,7 @@ pub struct PlacementMachine {
     pub cpu_alloc: i32,
     pub memory_alloc: i64,
     pub gpus_alloc: i32,
-    pub state: String,
+    pub state: MachineState,
     /// A data location is confirmed.
     pub confirmed: bool,
     pub data_limit_bytes: Option<i64>,
@@ -343,7 +344,21 @@ pub async fn for_placement(
     }
 }
 
-/// Confirms where the machine keeps copies, and the most they may take.
+/// The (machine, image) pairs where a machine's agent last reported holding one of `images`
+/// (full names), through the GIN index on the reports.
+pub async fn holding_images(db: impl PgExecutor<'_>, images: &[String]) -> sqlx::Result<Vec<(Uuid, String)>> {
+    sqlx::query_as(
+        "SELECT m.id, i.name FROM unnest($1::text[]) AS i(name)
+         JOIN machines m ON m.images @> jsonb_build_array(jsonb_build_object('name', i.name))",
+    )
+    .bind(images)
+    .fetch_all(db)
+    .await
+}
+
+/// Confirms where the machine keeps copies, and the most they may take. The version bump wakes
+/// its agent (the `machines_woken` trigger), and the new location makes every replica reconcile
+/// its next heartbeat (`machines_report_changed`; see `store::rules`).
 pub async fn confirm_data_location(
     db: impl PgExecutor<'_>,
     id: Uuid,
@@ -376,6 +391,8 @@ pub async fn silent(
 }
 
 /// Marks the machine NotReady if it is still silent; false when a heartbeat came meanwhile.
+/// Its next heartbeat is reconciled in full, not answered from memory: the state change is
+/// announced by the `machines_report_changed` trigger (see `store::rules`).
 pub async fn mark_not_ready(
     db: impl PgExecutor<'_>,
     id: Uuid,
@@ -393,7 +410,7 @@ pub async fn mark_not_ready(
 }
 
 /// Bumps the machines' assignment versions, which wakes their agents' long-polls on commit (a
-/// trigger, `machines_woken`, as for every bump).
+/// trigger, `machines_woken`, as for every bump; see `store::rules`).
 pub async fn touch_assignments(db: impl PgExecutor<'_>, ids: &[Uuid]) -> sqlx::Result<()> {
     sqlx::query("UPDATE machines SET assign_version = assign_version + 1 WHERE id = ANY($1)")
         .bind(ids)
@@ -417,7 +434,8 @@ pub async fn set_cordoned(db: impl PgExecutor<'_>, id: Uuid, cordoned: bool) -> 
     .await
 }
 
-/// Cordons the machine and gives its running workers until `deadline`.
+/// Cordons the machine and gives its running workers until `deadline`; the version bump wakes
+/// its agent (the `machines_woken` trigger, see `store::rules`).
 pub async fn start_drain(
     db: impl PgExecutor<'_>,
     id: Uuid,
@@ -476,8 +494,12 @@ pub async fn lock(db: impl PgExecutor<'_>, id: Uuid) -> sqlx::Result<bool> {
 }
 
 /// Deletes the machine, its copies and its fill runs (their foreign keys cascade); its
-/// credential goes with the row.
-pub async fn delete(db: impl PgExecutor<'_>, id: Uuid) -> sqlx::Result<bool> {
-    let done = sqlx::query("DELETE FROM machines WHERE id = $1").bind(id).execute(db).await?;
+/// credential goes with the row. Every replica forgets its heartbeat (the `machines_deleted`
+/// trigger, see `store::rules`). The fill runs go first: in the machine's one statement, the
+/// cascade would also unset their placed workers' `machine_id` (`ON DELETE SET NULL`), and that
+/// update fails its check against the run deleted beside it.
+pub async fn delete(tx: &mut PgConnection, id: Uuid) -> sqlx::Result<bool> {
+    sqlx::query("DELETE FROM runs WHERE fill_machine_id = $1").bind(id).execute(&mut *tx).await?;
+    let done = sqlx::query("DELETE FROM machines WHERE id = $1").bind(id).execute(&mut *tx).await?;
     Ok(done.rows_affected() == 1)
 }

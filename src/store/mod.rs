@@ -1,4 +1,5 @@
 //! Postgres access: one file per table; each query takes an executor and returns domain types.
+//! The rules that live in Postgres, its triggers, are listed in [`rules`](crate::store::rules).
 
 pub mod changes;
 pub mod clusters;
@@ -10,6 +11,7 @@ pub mod grants;
 pub mod join_tokens;
 pub mod logs;
 pub mod machines;
+pub mod rules;
 pub mod runs;
 pub mod secrets;
 pub mod tokens;
@@ -79,8 +81,8 @@ pub struct Page {
 
 /// Objects by state, for gauges: `(workers|runs|machines|copies, state, count)`. All but
 /// machines (as many as the fleet, and updated by every heartbeat batch) are summed from what
-/// each statement appended to `state_counts` (migrations/0010_state_counts.sql), folded first
-/// so the sum stays short.
+/// each statement appended to `state_counts` (the `*_counted_*` triggers, see [`rules`]),
+/// folded first so the sum stays short.
 pub async fn counts(db: &sqlx::PgPool) -> sqlx::Result<Vec<(String, String, i64)>> {
     compact_state_counts(db).await?;
     // A statement of its own: a fold running alongside has committed once ours is done, and a

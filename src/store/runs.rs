@@ -119,7 +119,8 @@ pub async fn lock(tx: &mut PgConnection, workspace: Uuid, name: &str) -> sqlx::R
         .await
 }
 
-/// Deletes the run and, by cascade, its workers, their logs and mounts.
+/// Deletes the run and, by cascade, its workers, their logs and mounts. Their log bytes go back
+/// to the workspace's quota by the `workers_release_log_bytes` trigger (see `store::rules`).
 pub async fn delete(db: impl PgExecutor<'_>, id: Uuid) -> sqlx::Result<()> {
     sqlx::query("DELETE FROM runs WHERE id = $1").bind(id).execute(db).await.map(drop)
 }

@@ -129,7 +129,8 @@ pub async fn not_sealed_with(
 }
 
 /// Replaces a value with `resealed` if it is still `old`: a replica that resealed it first, or
-/// a secret deleted meanwhile, leaves nothing to do. Returns whether it was replaced.
+/// a secret deleted meanwhile, leaves nothing to do. Returns whether it was replaced. Watchers
+/// hear nothing: `secrets_modified` records only what a secret shows (see `store::rules`).
 pub async fn reseal(db: impl PgExecutor<'_>, id: Uuid, old: &[u8], resealed: &Sealed) -> sqlx::Result<bool> {
     let done = sqlx::query("UPDATE secrets SET sealed = $3, key_id = $4 WHERE id = $1 AND sealed = $2")
         .bind(id)

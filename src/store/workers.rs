@@ -116,10 +116,11 @@ pub async fn position(db: impl PgExecutor<'_>, worker: Uuid) -> sqlx::Result<Opt
 /// statistics say of fast-changing tables: as joins, the planner walked every worker (236 ms a
 /// call for 1,000 users among 200,000 workers) or every run and machine (12 ms for 210 users
 /// among 6,500 workers). The mounts of runs not completed come newest first from
-/// `run_mounts_drive_live_idx` (a trigger marks a completed run's mounts), and each run's live
-/// workers from `workers_live_run_idx`, so the sort orders one run's workers at a time and the
-/// walk stops at `limit`. Walking every mount and skipping the completed runs cost 10.8 ms a
-/// call for a drive with 1,000 seed runs behind a dozen live ones.
+/// `run_mounts_drive_live_idx` (the `runs_completed` trigger marks a completed run's mounts; see
+/// `store::rules`), and each run's live workers from `workers_live_run_idx`, so the sort orders
+/// one run's workers at a time and the walk stops at `limit`. Walking every mount and skipping
+/// the completed runs cost 10.8 ms a call for a drive with 1,000 seed runs behind a dozen live
+/// ones.
 pub async fn using_drive(
     db: impl PgExecutor<'_>,
     drive: Uuid,
@@ -174,8 +175,8 @@ pub struct Bind {
 /// is cordoned (fills aside), so it is never over-committed nor given work after a cordon; the workers of a machine that refused stay Pending. Machines
 /// are locked in id order, so two passes never wait on each other in a circle. The same UPDATE
 /// bumps each taking machine's assignment version and wakes its agent's long-poll on commit
-/// (as [`crate::store::machines::touch_assignments`] does), rather than a second UPDATE of the
-/// same rows.
+/// (the `machines_woken` trigger, see `store::rules`), rather than a second UPDATE of the same
+/// rows.
 pub async fn bind_all(tx: &mut PgConnection, binds: &[Bind]) -> sqlx::Result<Vec<Uuid>> {
     if binds.is_empty() {
         return Ok(vec![]);
@@ -362,8 +363,9 @@ pub async fn restart(
 }
 
 /// Ends the backoff of the workers due to restart by `now` and bumps their machines'
-/// assignment versions in the same statement, which wakes their agents on commit; returns
-/// those machines. Workers are locked before machines, each in id order, as everywhere.
+/// assignment versions in the same statement, which wakes their agents on commit (the
+/// `machines_woken` trigger, see `store::rules`); returns those machines. Workers are locked
+/// before machines, each in id order, as everywhere.
 pub async fn restart_due(db: impl PgExecutor<'_>, now: DateTime<Utc>) -> sqlx::Result<Vec<Uuid>> {
     sqlx::query_scalar(
         "WITH due AS (
@@ -445,7 +447,8 @@ pub async fn live_on_machine(db: impl PgExecutor<'_>, machine: Uuid) -> sqlx::Re
     .await
 }
 
-/// Recomputes a run's state and reason from its workers.
+/// Recomputes a run's state and reason from its workers. A run that becomes Completed, or stops
+/// being so, has its mounts marked by the `runs_completed` trigger (see `store::rules`).
 pub async fn refresh_run(tx: &mut PgConnection, run: Uuid) -> sqlx::Result<()> {
     sqlx::query("SELECT 1 FROM runs WHERE id = $1 FOR UPDATE").bind(run).execute(&mut *tx).await?;
     refresh_locked_run(tx, run).await
@@ -667,8 +670,9 @@ pub async fn waiting_charges(
 
 /// Releases the machine's waiting workers whose placed drives all have whole copies there, and
 /// returns how many. When any is released, the machine's assignment version is bumped in the
-/// same statement (one round trip less), which wakes its agent on commit. Called when a copy
-/// completes, and by the fill controller as a safety net.
+/// same statement (one round trip less), which wakes its agent on commit (the `machines_woken`
+/// trigger, see `store::rules`). Called when a copy completes, and by the fill controller as a
+/// safety net.
 pub async fn release_ready(db: impl PgExecutor<'_>, machine: Uuid) -> sqlx::Result<i64> {
     // `count(*)` reads every released worker before the machine row is touched: workers are
     // locked before machines everywhere. No copies are touched here: their statement-level

@@ -147,6 +147,31 @@ async fn a_deleted_machine_loses_its_credential_at_once_and_its_workers_fail_say
 }
 
 #[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
+async fn a_machine_filling_a_copy_can_be_deleted_and_its_fill_run_goes_with_it(db: sqlx::PgPool) {
+    let app = spawn_app(db).await;
+    let admin = app.token_for("default", Role::Admin, true).await;
+    join(&app, "gpu-01", 8).await;
+    assert_eq!(app.create_drive(&recipe_drive()).await.status, 201);
+    let confirm = json!({"path": "/var/lib/astraeus"});
+    let confirmed = act(&app, &admin, "/machines/gpu-01/data-location", Some(&confirm)).await;
+    assert_eq!(confirmed.status, 200, "{}", confirmed.text);
+    let room = "UPDATE machines SET data_total_bytes = 1e12, data_free_bytes = 1e12";
+    sqlx::query(room).execute(&app.db).await.unwrap();
+    assert_eq!(app.create_run(&recipe_run()).await.status, 201);
+    assert_eq!(astraeus::scheduler::tick(&app.db).await.unwrap(), 1);
+    astraeus::controllers::fill::tick(&app.db, std::time::Duration::from_secs(600)).await.unwrap();
+    assert_eq!(astraeus::scheduler::tick(&app.db).await.unwrap(), 1, "the fill's worker is placed there too");
+    assert_eq!(worker(&app, "fill-food101-gpu-01-0").await["status"]["machine"], "gpu-01");
+
+    let deleted = app.request(Method::DELETE, "/machines/gpu-01", Some(&admin), None).await;
+    assert_eq!(deleted.status, 204, "{}", deleted.text);
+    assert_eq!(app.get_run("fill-food101-gpu-01").await.status, 404);
+    let reader = worker(&app, "inspect-food101-0").await;
+    assert_eq!(reader["status"]["reason"], "machine gpu-01 was deleted by an organisation admin", "{reader}");
+    assert_eq!(app.get_drive("food101").await.json()["copies"], json!([]));
+}
+
+#[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
 async fn machine_names_are_looked_up_within_their_cluster(db: sqlx::PgPool) {
     let app = spawn_app(db).await;
     let admin = app.token_for("default", Role::Admin, true).await;

@@ -207,6 +207,28 @@ async fn a_disk_under_the_reserve_its_agent_reports_is_under_pressure(db: sqlx::
     assert_eq!(why, "its disk had 1.0 GB free, under its reserve of 3.0 GB");
 }
 
+#[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
+async fn a_state_the_server_does_not_know_is_an_error_where_it_is_read_not_a_default(db: sqlx::PgPool) {
+    let app = spawn_app(db).await;
+    join(&app, "gpu-01", 1).await;
+    let reply = app.create_run(&run("one", 1)).await;
+    assert_eq!(reply.status, 201, "{}", reply.text);
+    // States this server has no name for, as a newer one might write them.
+    let machine: uuid::Uuid = sqlx::query_scalar("UPDATE machines SET state = 'Sleeping' RETURNING id")
+        .fetch_one(&app.db)
+        .await
+        .unwrap();
+    assert!(astraeus::store::machines::get(&app.db, machine).await.is_err());
+    assert_eq!(app.get("/machines/gpu-01").await.status, 500);
+    // The scheduler does not take the machine for one that is not Ready: its pass fails.
+    assert!(astraeus::scheduler::tick(&app.db).await.is_err());
+    let worker: uuid::Uuid = sqlx::query_scalar("UPDATE workers SET state = 'Succeeded' RETURNING id")
+        .fetch_one(&app.db)
+        .await
+        .unwrap();
+    assert!(astraeus::store::workers::state(&app.db, worker).await.is_err());
+}
+
 /// A heartbeat of gpu-01 reporting folder `default.food101`, made for `drive_id`, whole: the
 /// folders the answer says to delete.
 async fn report_food101(app: &TestApp, credential: &str, drive_id: Option<uuid::Uuid>) -> Value {

@@ -6,6 +6,7 @@ mod auth;
 mod costs;
 mod drives;
 mod grants;
+mod images;
 mod keys;
 mod lifecycle;
 mod logs;

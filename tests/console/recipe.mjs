@@ -7,6 +7,10 @@
 // JSON, starts the inspect run from the form with `food101:/data`, watches its worker go from
 // Preparing to Completed, reads `read-only, as asked` in its logs, finds the copy marked complete,
 // runs the recipe's second run, manages tokens and host paths, and deletes the runs and the drive.
+// With a machine whose heartbeats it sends itself, it checks that a run waiting for a data location
+// says why in the run list, that an open run page follows changes through the watch streams and
+// reads nothing while nothing changes, and that a filling copy's progress bar moves with each
+// heartbeat on the drive page and on the waiting worker.
 // A screenshot of each page goes to $ASTRAEUS_ARTIFACTS (default artifacts/console).
 
 import assert from 'node:assert/strict';
@@ -49,6 +53,8 @@ const inspectScript = inspect.spec.task_template.args[1];
 let passed = 0;
 let failed = 0;
 let page;
+/** A machine without an agent, whose heartbeats this file sends (see fakeMachine). */
+let gpu03;
 
 async function step(name, fn) {
   const started = Date.now();
@@ -84,6 +90,49 @@ async function api(method, path, body) {
   return { status: response.status, body: text && response.headers.get('content-type')?.includes('json') ? JSON.parse(text) : text };
 }
 
+/**
+ * A machine with no agent behind it: joined with a join token, and kept Ready by heartbeats sent
+ * from here every 2 s, which report `copies` as an agent would find them on its disk.
+ */
+async function fakeMachine(name) {
+  const minted = await api('POST', '/clusters/main/join-tokens', {});
+  assert.equal(minted.status, 201, JSON.stringify(minted.body));
+  const join = { join_token: minted.body.token, name, capacity: { cpu_cores: 4, memory_bytes: 8 * 2 ** 30, gpus: 0 } };
+  const joined = await fetch(`${BASE}/agent/v1/join`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify(join),
+  });
+  const text = await joined.text();
+  assert.equal(joined.status, 200, text);
+  const { credential } = JSON.parse(text);
+  // One heartbeat at a time, in order, as an agent sends them: a report never overtakes a newer one.
+  let last = Promise.resolve();
+  const send = async () => {
+    const used = machine.copies.reduce((sum, c) => sum + c.bytes, 0);
+    const body = { data_location: { total_bytes: 100e9, used_bytes: used, free_bytes: 100e9 - used }, copies: machine.copies };
+    const reply = await fetch(`${BASE}/agent/v1/heartbeat`, {
+      method: 'POST',
+      headers: { authorization: `Bearer ${credential}`, 'content-type': 'application/json' },
+      body: JSON.stringify(body),
+    });
+    assert.equal(reply.status, 200, await reply.text());
+  };
+  const machine = {
+    copies: [],
+    beat() {
+      last = last.then(send, send);
+      return last;
+    },
+    stop() {
+      clearInterval(machine.timer);
+    },
+  };
+  await machine.beat();
+  machine.timer = setInterval(() => machine.beat().catch((e) => console.log(`  heartbeat of ${name}: ${e.message}`)), 2000);
+  return machine;
+}
+
 /** Waits until `check()` gives a truthy value; fails with what was last seen. */
 async function eventually(what, check, timeout = PATIENCE) {
   const deadline = Date.now() + timeout;
@@ -104,7 +153,11 @@ async function eventually(what, check, timeout = PATIENCE) {
 const mainText = () => page.locator('main').innerText();
 
 async function waitText(locator, text, timeout = PATIENCE) {
-  await eventually(`"${text}" in ${locator}`, async () => ((await locator.innerText()).includes(text) ? true : await locator.innerText()), timeout);
+  let shown = '';
+  const check = async () => (shown = await locator.innerText()).includes(text);
+  await eventually(`"${text}" in ${locator}`, check, timeout).catch((e) => {
+    throw new Error(`${e.message}; it shows: ${shown}`);
+  });
 }
 
 async function clickNav(label) {
@@ -116,6 +169,8 @@ async function clickNav(label) {
 
 const external = [];
 const pageErrors = [];
+/** Every request the main tab made, in order. */
+const requests = [];
 const browser = await chromium.launch({
   executablePath: CHROMIUM,
   headless: true,
@@ -147,6 +202,7 @@ try {
   });
   page = await context.newPage();
   page.on('pageerror', (e) => pageErrors.push(e.message));
+  page.on('request', (r) => requests.push(r.url()));
 
   await step('the console is served at / and asks for a token', async () => {
     await page.goto(`${BASE}/`);
@@ -539,6 +595,99 @@ try {
     await shot('19-settings-host-paths');
   });
 
+  const isRead = (url) => /\/api\/v1\/(runs|drives|machines)(\/|\?|$)/.test(url) && !url.includes('watch=true');
+  await step('Runs shows why a waiting run waits: its first waiting worker’s reason', async () => {
+    gpu03 = await fakeMachine('gpu-03');
+    const waits = structuredClone(inspect);
+    waits.metadata.name = 'waits';
+    waits.spec.task_template.requested_resources.node_selection = { mode: 'Exact', names: ['gpu-03'] };
+    assert.equal((await api('POST', '/runs', waits)).status, 201);
+    await clickNav('Runs');
+    const row = page.locator('tr[data-run="waits"]');
+    await waitText(row, 'Choose where to keep data on gpu-03');
+    assert.match(await row.innerText(), /Pending/);
+    // The run's own reason is its waiting worker's, as the API gives it: the other machines are
+    // not among the names it asks for.
+    const run = (await api('GET', '/runs/waits')).body;
+    assert.equal(run.status.reason, run.status.workers[0].status.reason);
+    assert.match(run.status.reason, /^0\/3 machines are available: .*1 Choose where to keep data on gpu-03/);
+    assert.equal(await row.locator('td').nth(2).innerText(), run.status.reason);
+    await shot('19b-runs-waiting-reason');
+  });
+
+  await step('an open run page follows a change made through the API, and reads nothing while nothing changes', async () => {
+    await page.locator('tr[data-run="waits"]').getByRole('link', { name: 'waits' }).click();
+    await page.getByRole('heading', { level: 1, name: 'waits' }).waitFor();
+    const status = page.locator('.status-line');
+    await waitText(status, 'Choose where to keep data on gpu-03');
+    await page.getByRole('heading', { name: 'Logs of waits-0' }).waitFor();
+    await page.evaluate(() => (window.sameDocument = true));
+    // Three times the 2 s the console used to poll at: the run is read once and then followed.
+    const from = requests.length;
+    await new Promise((r) => setTimeout(r, 6000));
+    assert.deepEqual(requests.slice(from).filter(isRead), [], 'no reads of runs, drives or machines while nothing changed');
+    assert.ok(
+      requests.some((u) => u.includes('/api/v1/runs?watch=true')),
+      'the console follows runs through their watch stream',
+    );
+
+    // Placed once an admin confirms a data location (through the API, not this page), the
+    // worker waits for its fill, and the run for its workers.
+    const confirmed = await api('POST', '/machines/gpu-03/data-location', { path: '/var/lib/astraeus' });
+    assert.equal(confirmed.status, 200, JSON.stringify(confirmed.body));
+    await waitText(status, 'Waiting for workers to start');
+    await waitText(page.locator('tr[data-worker="waits-0"]'), 'Waiting for drive default.food101 to be filled on gpu-03');
+    assert.deepEqual(
+      requests.slice(from).filter((u) => u.endsWith('/api/v1/runs/waits')),
+      [],
+      'the run as its stream sent it, not read again',
+    );
+    assert.equal(await page.evaluate(() => window.sameDocument), true, 'without a reload');
+    await shot('19c-run-followed');
+  });
+
+  await step('a filling copy’s progress bar moves with its heartbeats, on the drive page and the waiting worker', async () => {
+    const food101 = (await api('GET', '/drives/food101')).body;
+    const copy = { drive: 'default.food101', drive_id: food101.metadata.uid, bytes: 1.5e9, complete: false, last_used_at: null };
+    gpu03.copies = [copy];
+    await gpu03.beat();
+    await page.getByRole('link', { name: 'food101', exact: true }).click();
+    await page.getByRole('heading', { level: 1, name: 'food101' }).waitFor();
+    const row = page.locator('tr[data-machine="gpu-03"]');
+    const bar = row.locator('[role="progressbar"]');
+    await waitText(row, 'of 6.0 GB expected (25%)');
+    assert.match(await row.innerText(), /1\.5 GB/);
+    assert.equal(await bar.getAttribute('aria-valuenow'), '25');
+    await page.evaluate(() => (window.sameDocument = true));
+
+    // The second heartbeat gives a rate and the time left at that rate.
+    copy.bytes = 3e9;
+    await gpu03.beat();
+    await waitText(row, 'of 6.0 GB expected (50%)');
+    const text = await row.innerText();
+    assert.match(text, /3\.0 GB/);
+    assert.match(text, /· [\d.]+ [kMGT]?B\/s · about \d+ (s|min) left/, text);
+    assert.equal(await bar.getAttribute('aria-valuenow'), '50');
+    assert.match(await bar.getAttribute('aria-label'), /^gpu-03: 3\.0 GB of 6\.0 GB expected \(50%\)/);
+    await shot('19d-drive-fill-progress');
+
+    // The waiting worker shows the same fill.
+    await page.goBack();
+    await page.getByRole('heading', { level: 1, name: 'waits' }).waitFor();
+    const worker = page.locator('tr[data-worker="waits-0"]');
+    await waitText(worker, '3.0 GB of 6.0 GB expected (50%)');
+    copy.bytes = 4.5e9;
+    await gpu03.beat();
+    await waitText(worker, '4.5 GB of 6.0 GB expected (75%)');
+    assert.equal(await worker.locator('[role="progressbar"]').getAttribute('aria-valuenow'), '75');
+    assert.equal(await page.evaluate(() => window.sameDocument), true, 'without a reload');
+    await shot('19e-worker-fill-progress');
+
+    assert.equal((await api('DELETE', '/runs/waits')).status, 204);
+    gpu03.stop();
+    assert.equal((await api('DELETE', '/machines/gpu-03?cluster=main')).status, 204);
+  });
+
   await step('a phone-width window shows the pages without sideways scrolling', async () => {
     await page.setViewportSize({ width: 390, height: 844 });
     for (const [path, name] of [
@@ -550,7 +699,8 @@ try {
     ]) {
       await page.goto(`${BASE}${path}`);
       await page.locator('h1').waitFor();
-      await page.waitForLoadState('networkidle').catch(() => {});
+      // Loaded: the network never idles while the console follows its watch streams.
+      await eventually(`${path} loaded`, async () => (await page.getByRole('status').filter({ hasText: /^Loading / }).count()) === 0);
       const overflow = await page.evaluate(() => document.documentElement.scrollWidth - window.innerWidth);
       assert.ok(overflow <= 1, `${path} is ${overflow}px wider than the window`);
       await shot(`phone-${name}`);
@@ -596,6 +746,7 @@ try {
 } catch (e) {
   console.error(e);
 } finally {
+  gpu03?.stop();
   clearTimeout(timer);
   await browser.close();
 }

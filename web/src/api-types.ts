@@ -2363,9 +2363,15 @@ export interface components {
             last_used_at?: string | null;
             node: string;
             progress?: null | components["schemas"]["Progress"];
-            /** @description `Filling`, `Complete` or `Failed`. */
-            state: string;
+            state: components["schemas"]["CopyState"];
         };
+        /**
+         * @description `Filling` until the agent reports the copy's marker, `Complete` then, `Failed` when its fill
+         *     failed, `Evicting` until the agent reports its folder gone. A copy being evicted is not
+         *     listed.
+         * @enum {string}
+         */
+        CopyState: "Filling" | "Complete" | "Failed" | "Evicting";
         /**
          * Format: double
          * @description CPU cores, kept as millicores. Written in JSON as a number of cores: `2`, `0.5`.
@@ -2587,8 +2593,7 @@ export interface components {
                 last_used_at?: string | null;
                 node: string;
                 progress?: null | components["schemas"]["Progress"];
-                /** @description `Filling`, `Complete` or `Failed`. */
-                state: string;
+                state: components["schemas"]["CopyState"];
             }[];
             /**
              * Format: uuid
@@ -2860,8 +2865,7 @@ export interface components {
              * @description Room promised to the copy while it fills: the drive's `size_hint_bytes`.
              */
             size_hint_bytes: number;
-            /** @description `Filling`, `Complete` or `Failed`. */
-            state: string;
+            state: components["schemas"]["CopyState"];
         };
         MachineMeta: {
             /** Format: date-time */
@@ -2888,6 +2892,12 @@ export interface components {
             /** @description `nfs`, `rdma`. */
             transports: string[];
         };
+        /**
+         * @description `Ready` while its agent's heartbeats come, `NotReady` once they have stopped for longer than
+         *     the server's grace; the next heartbeat makes it `Ready` again.
+         * @enum {string}
+         */
+        MachineState: "Ready" | "NotReady";
         MachineStatus: {
             /** @description Held by the workers placed here. */
             allocated: components["schemas"]["MachineResources"];
@@ -2904,8 +2914,7 @@ export interface components {
             drain_deadline?: string | null;
             /** Format: date-time */
             last_heartbeat_at: string;
-            /** @description `Ready`, or `NotReady` when heartbeats stopped. */
-            state: string;
+            state: components["schemas"]["MachineState"];
         };
         MetaInput: {
             labels?: {

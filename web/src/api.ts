@@ -24,6 +24,8 @@ export type Role = S['Role'];
 export interface List<T> {
   items: T[];
   next?: string | null;
+  /** Watch from here (`?watch=true&resource_version=…`) to miss nothing after this list. */
+  resource_version?: string | null;
 }
 
 export const API = '/api/v1';
@@ -52,7 +54,8 @@ export function fieldMessages(error: unknown, ...paths: string[]): string[] {
   return error.fields.filter((f) => paths.some((p) => pathMatches(f.path, p))).map((f) => f.message);
 }
 
-function headers(body: boolean): HeadersInit {
+/** The headers of every call: the bearer token, and JSON when there is a body. */
+export function headers(body: boolean): Record<string, string> {
   const h: Record<string, string> = { accept: 'application/json' };
   const token = getToken();
   if (token) h.authorization = `Bearer ${token}`;
@@ -60,7 +63,8 @@ function headers(body: boolean): HeadersInit {
   return h;
 }
 
-async function failure(response: Response): Promise<ApiError> {
+/** The {@link ApiError} of an answer that was not a success. */
+export async function failure(response: Response): Promise<ApiError> {
   let code = 'http_' + response.status;
   let message = `${response.status} ${response.statusText}`.trim();
   let fields: FieldError[] = [];

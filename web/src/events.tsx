@@ -1,15 +1,26 @@
 // Why things happened to an object: the scheduler's, fill controller's and agents' decisions.
 import type { components } from './api-types';
 import { enc, get, type List } from './api';
-import { usePoll } from './hooks';
+import { SLOW_MS, useLive } from './hooks';
+import type { Kind } from './watch';
 import { ErrorNote, TableWrap, Time } from './ui';
 
 type Event = components['schemas']['Event'];
 
-/** `object` is `run/NAME`, `drive/NAME` or `machine/NAME`. */
+const KINDS: Record<string, Kind> = { run: 'runs', drive: 'drives', machine: 'machines' };
+
+/**
+ * `object` is `run/NAME`, `drive/NAME` or `machine/NAME`. Events have no stream of their own:
+ * they are read again when their object changes (what happens to it mostly changes it), and
+ * every {@link SLOW_MS} for the rest.
+ */
 export function Events({ object }: { object: string }) {
-  const events = usePoll(`events:${object}`, (signal) =>
-    get<List<Event>>(`/events?object=${enc(object)}&limit=50`, signal),
+  const [kind, name] = object.split('/', 2);
+  const events = useLive(
+    `events:${object}`,
+    (signal) => get<List<Event>>(`/events?object=${enc(object)}&limit=50`, signal),
+    [{ kind: KINDS[kind], names: [name] }],
+    SLOW_MS,
   );
   const items = [...(events.data?.items ?? [])].reverse();
   return (

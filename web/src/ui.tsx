@@ -2,7 +2,7 @@
 import type { ComponentChildren } from 'preact';
 import { useEffect, useLayoutEffect, useRef, useState } from 'preact/hooks';
 import { ApiError, fieldMessages, pathMatches } from './api';
-import type { MorePages } from './hooks';
+import { type MorePages, useClock } from './hooks';
 import { Link } from './router';
 import type { components } from './api-types';
 import { ago, bytes, dateTime, duration, percent } from './format';
@@ -121,6 +121,7 @@ export function StateBadge({ state }: { state: string }) {
 }
 
 export function Time({ iso }: { iso: string | null | undefined }) {
+  useClock();
   if (!iso) return <span class="muted">—</span>;
   return (
     <time dateTime={iso} title={dateTime(iso)}>

@@ -4,17 +4,17 @@
 
 pub mod plan;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::time::Duration;
 
 use chrono::Utc;
 use sqlx::PgPool;
 
 use crate::domain::Name;
+use crate::domain::copy::CopyState;
 use crate::domain::run::RunSpec;
 use crate::domain::task::{NodeSelection, SelectionMode};
 use crate::hub;
-use crate::scheduler::snapshot::CopyState;
 use crate::store;
 use crate::store::fills::{FillSource, NewFill};
 use plan::{Change, Fill, Waiting};
@@ -38,7 +38,7 @@ pub async fn tick(db: &PgPool, refill_after: Duration) -> anyhow::Result<(usize,
     let copies: HashMap<_, _> = store::copies::unsettled(&mut *tx, &drives, &machines)
         .await?
         .into_iter()
-        .map(|(drive, machine, state)| ((drive, machine), CopyState::parse(&state)))
+        .map(|(drive, machine, state)| ((drive, machine), state))
         .collect();
     let fills: Vec<Fill> = store::fills::unsettled(&mut *tx)
         .await?
@@ -53,7 +53,8 @@ pub async fn tick(db: &PgPool, refill_after: Duration) -> anyhow::Result<(usize,
             fruitless: f.fruitless,
         })
         .collect();
-    let (changes, next) = plan::plan(&waiting, &copies, &fills, Utc::now(), refill_after);
+    let staged: BTreeSet<_> = store::copies::staged_for_queued(&mut *tx).await?.into_iter().collect();
+    let (changes, next) = plan::plan(&waiting, &staged, &copies, &fills, Utc::now(), refill_after);
     let changes = plan::batch(changes, MAX_FILLS, MAX_CHANGES);
     let new: Vec<(uuid::Uuid, uuid::Uuid)> = changes
         .iter()
@@ -87,7 +88,7 @@ async fn apply(tx: &mut sqlx::PgConnection, change: &Change) -> anyhow::Result<(
             drive_event(tx, drive, machine, false, "FillRetried", why).await?;
         }
         Change::FailCopy { drive, machine, fruitless } => {
-            store::copies::set_state(&mut *tx, drive, machine, "Failed").await?;
+            store::copies::set_state(&mut *tx, drive, machine, CopyState::Failed).await?;
             let why = |m: &str| match fruitless {
                 false => format!("the fill on {m} failed: read its logs, then delete its run to fill again"),
                 true => format!(
@@ -99,7 +100,7 @@ async fn apply(tx: &mut sqlx::PgConnection, change: &Change) -> anyhow::Result<(
             drive_event(tx, drive, machine, true, "FillFailed", why).await?;
         }
         Change::RetryCopy { drive, machine } => {
-            store::copies::set_state(&mut *tx, drive, machine, "Filling").await?
+            store::copies::set_state(&mut *tx, drive, machine, CopyState::Filling).await?
         }
         Change::DropCopy { drive, machine } => {
             store::copies::evict(&mut *tx, machine, &[drive]).await?;

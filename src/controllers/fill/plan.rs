@@ -6,8 +6,8 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
+use crate::domain::copy::CopyState;
 use crate::domain::run::RunState;
-use crate::scheduler::snapshot::CopyState;
 
 /// A worker bound to `machine` that waits for a whole copy of `drive` there.
 #[derive(Debug, Clone)]
@@ -57,9 +57,12 @@ pub enum Change {
     Release { machine: Uuid },
 }
 
-/// What to change now, and when to look again for a refill that is not due yet.
+/// What to change now, and when to look again for a refill that is not due yet. `staged` are
+/// the (drive, machine) copies filled ahead for runs that still have Pending workers: they are
+/// filled as if a worker waited there.
 pub fn plan(
     waiting: &[Waiting],
+    staged: &BTreeSet<(Uuid, Uuid)>,
     copies: &HashMap<(Uuid, Uuid), CopyState>,
     fills: &[Fill],
     now: DateTime<Utc>,
@@ -76,6 +79,7 @@ pub fn plan(
     keys.extend(waiters.keys().copied());
     for key @ (drive, machine) in keys {
         let waits = waiters.get(&key).map(Vec::as_slice).unwrap_or_default();
+        let unwanted = waits.is_empty() && !staged.contains(&key);
         let fill = fill_of.get(&key);
         let failed = copies.get(&key) == Some(&CopyState::Failed);
         for w in waits {
@@ -94,7 +98,7 @@ pub fn plan(
             Some(CopyState::Complete) => {}
             Some(CopyState::Evicting) => {}
             Some(CopyState::Filling) => match fill {
-                None if waits.is_empty() => {
+                None if unwanted => {
                     changes.insert(Change::DropCopy { drive, machine });
                 }
                 None => {
@@ -107,7 +111,7 @@ pub fn plan(
                     changes.insert(Change::FailCopy { drive, machine, fruitless: true });
                 }
                 // Filled again only for a worker that waits for it: each fill holds its cores.
-                Some(f) if f.state == RunState::Completed && waits.is_empty() => {}
+                Some(f) if f.state == RunState::Completed && unwanted => {}
                 Some(f) if f.state == RunState::Completed => {
                     let due = f.finished_at.map_or(now, |t| t + refill_after);
                     if due <= now {
@@ -120,7 +124,7 @@ pub fn plan(
                 Some(_) => {}
             },
             Some(CopyState::Failed) => match fill {
-                None if waits.is_empty() => {
+                None if unwanted => {
                     changes.insert(Change::DropCopy { drive, machine });
                 }
                 None => {
@@ -249,7 +253,7 @@ mod tests {
 
     fn run(waiting: &[Waiting], copy: Option<CopyState>, fills: &[Fill]) -> (Vec<Change>, Option<Duration>) {
         let copies = copy.map(|c| HashMap::from([((id(1), id(2)), c)])).unwrap_or_default();
-        plan(waiting, &copies, fills, now(), 10 * MIN)
+        plan(waiting, &BTreeSet::new(), &copies, fills, now(), 10 * MIN)
     }
 
     #[test]
@@ -258,6 +262,17 @@ mod tests {
         assert_eq!(changes, vec![Change::CreateFill { drive: id(1), machine: id(2) }]);
         let (changes, _) = run(&[waiting()], Some(CopyState::Filling), &[fill(RunState::Running, None)]);
         assert!(changes.is_empty());
+    }
+
+    #[test]
+    fn a_copy_filled_ahead_for_a_queued_run_is_filled_while_the_run_waits_and_dropped_after() {
+        let staged = BTreeSet::from([(id(1), id(2))]);
+        let copies = HashMap::from([((id(1), id(2)), CopyState::Filling)]);
+        let (changes, _) = plan(&[], &staged, &copies, &[], now(), MIN);
+        assert_eq!(changes, vec![Change::CreateFill { drive: id(1), machine: id(2) }]);
+        // The run started elsewhere, or was deleted, before the fill was made.
+        let (changes, _) = plan(&[], &BTreeSet::new(), &copies, &[], now(), MIN);
+        assert_eq!(changes, vec![Change::DropCopy { drive: id(1), machine: id(2) }]);
     }
 
     #[test]
@@ -276,9 +291,17 @@ mod tests {
         let copies = |second: CopyState| {
             HashMap::from([((id(1), id(2)), CopyState::Complete), ((id(3), id(2)), second)])
         };
-        let (changes, _) = plan(&[waiting(), other.clone()], &copies(CopyState::Filling), &fills, now(), MIN);
+        let (changes, _) = plan(
+            &[waiting(), other.clone()],
+            &BTreeSet::new(),
+            &copies(CopyState::Filling),
+            &fills,
+            now(),
+            MIN,
+        );
         assert!(changes.is_empty(), "{changes:?}");
-        let (changes, _) = plan(&[waiting(), other], &copies(CopyState::Complete), &fills, now(), MIN);
+        let (changes, _) =
+            plan(&[waiting(), other], &BTreeSet::new(), &copies(CopyState::Complete), &fills, now(), MIN);
         assert_eq!(changes, vec![Change::Release { machine: id(2) }]);
     }
 
@@ -382,7 +405,7 @@ mod tests {
             Waiting { drive: a.0, machine: a.1, ..waiting() },
             Waiting { worker: id(10), drive: b.0, machine: b.1, ..waiting() },
         ];
-        let (changes, next) = plan(&waits, &copies, &fills, now(), 10 * MIN);
+        let (changes, next) = plan(&waits, &BTreeSet::new(), &copies, &fills, now(), 10 * MIN);
         assert!(changes.is_empty());
         assert_eq!(next, Some(3 * MIN));
     }

@@ -1,14 +1,14 @@
 import { type Drive, get, type List } from '../api';
 import { can } from '../auth';
 import { bytes } from '../format';
-import { usePoll, useTitle } from '../hooks';
+import { useLive, useTitle } from '../hooks';
 import { copiesSummary, kindText } from '../drives';
 import { Link } from '../router';
 import { ErrorNote, Flash, Loading, TableWrap, Time } from '../ui';
 
 export function DriveList() {
   useTitle('Drives');
-  const drives = usePoll('drives', (signal) => get<List<Drive>>('/drives?limit=1000', signal));
+  const drives = useLive('drives', (signal) => get<List<Drive>>('/drives?limit=1000', signal), [{ kind: 'drives' }]);
   const items = drives.data?.items;
   return (
     <>

@@ -175,8 +175,8 @@ export function DriveNew() {
   const [local, setLocal] = useState<Local>({});
   const [error, setError] = useState<unknown>();
   const [busy, setBusy] = useState(false);
-  const clusters = usePoll('clusters', (signal) => get<List<Named>>('/clusters', signal), 10000);
-  const machines = usePoll('machines', (signal) => get<List<Machine>>('/machines?limit=1000', signal), 10000);
+  const clusters = usePoll('clusters', (signal) => get<List<Named>>('/clusters', signal));
+  const machines = usePoll('machines', (signal) => get<List<Machine>>('/machines?limit=1000', signal));
 
   useEffect(() => {
     const names = clusters.data?.items.map((c) => c.name) ?? [];

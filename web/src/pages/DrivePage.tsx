@@ -1,18 +1,30 @@
+import { useEffect, useState } from 'preact/hooks';
 import { ApiError, del, type Drive, enc, get, type List, type Run } from '../api';
 import { can } from '../auth';
 import { accessText, isFillOf, kindText } from '../drives';
 import { bytes, percent } from '../format';
 import { Events } from '../events';
-import { useMorePages, usePoll, useTitle } from '../hooks';
+import { SLOW_MS, useLive, useMorePages, useTitle } from '../hooks';
 import { Link, navigate } from '../router';
 import { Bar, DeleteButton, FillBar, ErrorNote, Flash, Loading, NotFound, setFlash, ShowMore, StateBadge, TableWrap, Time } from '../ui';
 
 export function DrivePage({ name }: { name: string }) {
   useTitle(`Drive ${name}`);
-  const drive = usePoll(`drive:${name}`, (signal) => get<Drive>(`/drives/${enc(name)}`, signal));
-  const runs = usePoll('runs:all', (signal) => get<List<Run>>('/runs?all=true&limit=1000', signal));
+  // A filling copy's rate and time left move with time too, not only with its heartbeats.
+  const [filling, setFilling] = useState(false);
+  const drive = useLive(
+    `drive:${name}`,
+    (signal) => get<Drive>(`/drives/${enc(name)}`, signal),
+    [{ kind: 'drives', names: [name], whole: true }],
+    filling ? SLOW_MS : undefined,
+  );
+  const runs = useLive('runs:all', (signal) => get<List<Run>>('/runs?all=true&limit=1000', signal), [
+    { kind: 'runs', prefix: `fill-${name}-` },
+  ]);
 
   const d = drive.data;
+  const nowFilling = (d?.copies ?? []).some((c) => c.progress);
+  useEffect(() => setFilling(nowFilling), [nowFilling]);
   const copies = useMorePages(`/drives/${enc(name)}/copies`, d?.copies, d?.copies_next, (c) => c.node);
   const users = useMorePages(`/drives/${enc(name)}/users`, d?.used_by, d?.used_by_next, (w) => w.name);
 

@@ -1,13 +1,19 @@
 import { get, type List, type Machine } from '../api';
 import { cores, mem } from '../format';
 import { DataLocationBar, Lifecycle } from '../machines';
-import { usePoll, useTitle } from '../hooks';
+import { SLOW_MS, useLive, useTitle } from '../hooks';
 import { Link } from '../router';
 import { ErrorNote, Loading, StateBadge, TableWrap, Time } from '../ui';
 
 export function MachineList() {
   useTitle('Machines');
-  const machines = usePoll('machines', (signal) => get<List<Machine>>('/machines?limit=1000', signal));
+  // Heartbeats change the last heartbeat and the data locations' use without a change event.
+  const machines = useLive(
+    'machines',
+    (signal) => get<List<Machine>>('/machines?limit=1000', signal),
+    [{ kind: 'machines' }],
+    SLOW_MS,
+  );
   const items = machines.data?.items;
   return (
     <>

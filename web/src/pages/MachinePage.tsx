@@ -3,7 +3,7 @@ import { ApiError, del, enc, get, type Machine, post } from '../api';
 import { claims } from '../auth';
 import { bytes, cores, mem } from '../format';
 import { Events } from '../events';
-import { useMorePages, usePoll, useTitle } from '../hooks';
+import { SLOW_MS, useLive, useMorePages, useTitle } from '../hooks';
 import { DataLocationBar, Lifecycle } from '../machines';
 import { Link, navigate } from '../router';
 import {
@@ -24,7 +24,15 @@ import {
 
 export function MachinePage({ name }: { name: string }) {
   useTitle(`Machine ${name}`);
-  const machine = usePoll(`machine:${name}`, (signal) => get<Machine>(`/machines/${enc(name)}`, signal));
+  // It shows the copies kept there (a copy's change is its drive's) and the workers there (a
+  // worker's change is its run's). Heartbeats change the last heartbeat and the data location's
+  // use without a change event: read again every SLOW_MS for those.
+  const machine = useLive(
+    `machine:${name}`,
+    (signal) => get<Machine>(`/machines/${enc(name)}`, signal),
+    [{ kind: 'machines', names: [name] }, { kind: 'drives' }, { kind: 'runs' }],
+    SLOW_MS,
+  );
   const m = machine.data;
   const workers = useMorePages(`/machines/${enc(name)}/workers`, m?.workers, m?.workers_next, (w) => w.metadata.name);
 

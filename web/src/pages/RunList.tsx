@@ -1,6 +1,6 @@
 import { get, type List, type Run } from '../api';
 import { can } from '../auth';
-import { usePoll, useTitle } from '../hooks';
+import { useLive, useTitle } from '../hooks';
 import { Link, navigate } from '../router';
 import { ErrorNote, Flash, Loading, StateBadge, TableWrap, Time } from '../ui';
 
@@ -21,7 +21,9 @@ export function RunList({ query }: { query: URLSearchParams }) {
   const f = filters(query);
   // Completed and failed runs are listed only with all=true.
   const all = f.ended || f.state === 'Completed' || f.state === 'Failed';
-  const runs = usePoll(`runs:${all}`, (signal) => get<List<Run>>(`/runs?limit=1000${all ? '&all=true' : ''}`, signal));
+  const runs = useLive(`runs:${all}`, (signal) => get<List<Run>>(`/runs?limit=1000${all ? '&all=true' : ''}`, signal), [
+    { kind: 'runs' },
+  ]);
 
   const setFilter = (change: Partial<typeof f>) => {
     const next = { ...f, ...change };

@@ -201,7 +201,7 @@ export function RunNew() {
   const [local, setLocal] = useState<Local>({});
   const [error, setError] = useState<unknown>();
   const [busy, setBusy] = useState(false);
-  const clusters = usePoll('clusters', (signal) => get<List<Named>>('/clusters', signal), 10000);
+  const clusters = usePoll('clusters', (signal) => get<List<Named>>('/clusters', signal));
 
   useEffect(() => {
     const names = clusters.data?.items.map((c) => c.name) ?? [];

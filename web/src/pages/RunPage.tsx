@@ -3,7 +3,7 @@ import { ApiError, del, enc, followLogs, get, type Machine, type Run } from '../
 import { can } from '../auth';
 import { cores, mem } from '../format';
 import { Events } from '../events';
-import { useMorePages, usePoll, useTitle } from '../hooks';
+import { SLOW_MS, useLive, useMorePages, useTitle } from '../hooks';
 import { Link, navigate } from '../router';
 import {
   DeleteButton,
@@ -25,7 +25,9 @@ const MAX_LOG_CHARS = 2_000_000;
 
 export function RunPage({ name, query }: { name: string; query: URLSearchParams }) {
   useTitle(`Run ${name}`);
-  const run = usePoll(`run:${name}`, (signal) => get<Run>(`/runs/${enc(name)}`, signal));
+  const run = useLive(`run:${name}`, (signal) => get<Run>(`/runs/${enc(name)}`, signal), [
+    { kind: 'runs', names: [name], whole: true },
+  ]);
   const r = run.data;
   const pages = useMorePages(
     `/runs/${enc(name)}/workers`,
@@ -279,9 +281,17 @@ function Logs({ worker }: { worker: string }) {
   );
 }
 
-/** The fills a waiting worker waits for: its run's drives being filled on its machine. */
+/**
+ * The fills a waiting worker waits for: its run's drives being filled on its machine. A copy's
+ * change is its drive's; the rate and time left also move with time alone, hence SLOW_MS.
+ */
 function WaitingFill({ machine, drives }: { machine: string; drives: string[] }) {
-  const m = usePoll(`machine:${machine}`, (signal) => get<Machine>(`/machines/${enc(machine)}`, signal));
+  const m = useLive(
+    `machine:${machine}`,
+    (signal) => get<Machine>(`/machines/${enc(machine)}`, signal),
+    [{ kind: 'drives', names: drives }],
+    SLOW_MS,
+  );
   const filling = (m.data?.copies ?? []).filter((c) => c.progress && drives.includes(c.drive));
   return (
     <>

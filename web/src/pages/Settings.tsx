@@ -238,7 +238,7 @@ function RevokeButton({ name, onRevoke }: { name: string; onRevoke: () => Promis
 }
 
 function Clusters() {
-  const clusters = usePoll('clusters', (signal) => get<List<Named>>('/clusters', signal), 10000);
+  const clusters = usePoll('clusters', (signal) => get<List<Named>>('/clusters', signal));
   return (
     <section aria-labelledby="clusters">
       <h2 id="clusters">Clusters</h2>

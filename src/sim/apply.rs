@@ -2,16 +2,16 @@
 //! pass's plan, and the fill controller's plan for the copies it touches (which copy gets a fill,
 //! which machine's waiting workers start).
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 
 use uuid::Uuid;
 
 use super::fills::Ms;
 use super::world::{World, id, index};
 use crate::controllers::fill::plan::{self as fill, Change, Fill, Waiting};
+use crate::domain::copy::CopyState;
 use crate::domain::run::RunState;
 use crate::scheduler::plan::Plan;
-use crate::scheduler::snapshot::CopyState;
 
 /// Applies a pass: evictions, then the copies they made room for, then the binds, then the
 /// copies' last use; then the fill controller starts the new copies' fills.
@@ -30,18 +30,19 @@ pub fn pass(world: &mut World, plan: &Plan, now: Ms) -> anyhow::Result<()> {
     for (m, d) in &plan.used {
         world.touch(index(*m), index(*d), now);
     }
-    // Copies filled ahead for queued runs: no worker waits for them, so no fill controller
-    // would fill them; the decision is weighed here before the product makes it.
+    // Copies filled ahead for queued runs: the fill controller fills them while the run waits,
+    // which it still does now.
+    let mut staged = BTreeSet::new();
     for st in &plan.staged {
         let (m, d) = (index(st.copy.machine), index(st.copy.drive));
         world.add_copy(m, d)?;
-        world.fills.start(now, m, d, world.drives[d].size);
-        world.fills_started += 1;
         world.staged.insert((m, d));
         world.staged_total += 1;
+        staged.insert((m, d));
     }
     let mut touched: Vec<(usize, usize)> =
         plan.copies.iter().map(|c| (index(c.machine), index(c.drive))).collect();
+    touched.extend(staged.iter().copied());
     for b in &plan.binds {
         let m = index(b.machine);
         let run = &world.runs[world.workers[index(b.worker)].run];
@@ -51,7 +52,7 @@ pub fn pass(world: &mut World, plan: &Plan, now: Ms) -> anyhow::Result<()> {
     // Twice at most: a copy made again (EnsureCopy) gets its fill in the second round.
     for _ in 0..2 {
         let mut again = false;
-        for change in controller(world, &touched, now) {
+        for change in controller(world, &touched, &staged, now) {
             match change {
                 Change::CreateFill { drive, machine } => {
                     let (m, d) = (index(machine), index(drive));
@@ -82,7 +83,7 @@ pub fn filled(world: &mut World, machine: usize, drive: usize, now: Ms) -> anyho
         .iter()
         .flat_map(|w| world.runs[world.workers[*w].run].drives.iter().map(|d| (machine, *d)))
         .collect();
-    for change in controller(world, &waiting, now) {
+    for change in controller(world, &waiting, &BTreeSet::new(), now) {
         match change {
             Change::Release { machine } => world.release(index(machine), now),
             other => anyhow::bail!("a filled copy's fill controller asked for {other:?}"),
@@ -93,7 +94,12 @@ pub fn filled(world: &mut World, machine: usize, drive: usize, now: Ms) -> anyho
 
 /// The fill controller's changes for the (machine, drive) copies given, with the workers bound
 /// there that wait for them and the fills under way there.
-fn controller(world: &World, pairs: &[(usize, usize)], now: Ms) -> Vec<Change> {
+fn controller(
+    world: &World,
+    pairs: &[(usize, usize)],
+    staged: &BTreeSet<(usize, usize)>,
+    now: Ms,
+) -> Vec<Change> {
     if pairs.is_empty() {
         return Vec::new();
     }
@@ -130,7 +136,8 @@ fn controller(world: &World, pairs: &[(usize, usize)], now: Ms) -> Vec<Change> {
         })
         .collect();
     // No fill of the simulation completes without its marker, so no refill is ever due.
+    let staged: BTreeSet<(Uuid, Uuid)> = staged.iter().map(|(m, d)| (id(*d), id(*m))).collect();
     let (changes, _) =
-        fill::plan(&waiting, &copies, &fills, super::snapshot::time(now), std::time::Duration::ZERO);
+        fill::plan(&waiting, &staged, &copies, &fills, super::snapshot::time(now), std::time::Duration::ZERO);
     changes
 }

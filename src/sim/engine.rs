@@ -25,6 +25,8 @@ pub struct Work {
     pub passes: u64,
     /// Passes planned again with more machines' copies for eviction.
     pub replans: u64,
+    /// Passes shown every machine whole, for stage-in.
+    pub whole: u64,
 }
 
 /// Replays `trace` under `policy` until every worker has ended or nothing more can change.
@@ -82,14 +84,23 @@ pub fn simulate(trace: &Trace, policy: &Policy) -> anyhow::Result<Figures> {
         more = false;
         if changed && !world.pending.is_empty() {
             let batch = views.batch(&world);
-            if batch.is_empty() {
+            if batch.workers.is_empty() {
                 continue;
             }
-            views.show(&world, &batch);
-            let plan = plan_with_room(&world, &mut views, now, policy, &mut work);
+            // A pass stages only for workers that fit nowhere: one whose every worker is placed
+            // stages nothing, and is planned with the shortcuts first.
+            let mut whole = batch.waiting > 0;
+            views.show(&world, &batch.workers, whole);
+            let mut plan = plan_with_room(&world, &mut views, now, policy, &mut work);
+            if policy.decisions.stage_in && !whole && !plan.unplaced.is_empty() {
+                whole = true;
+                views.show(&world, &batch.workers, whole);
+                plan = plan_with_room(&world, &mut views, now, policy, &mut work);
+            }
+            work.whole += u64::from(whole);
             apply::pass(&mut world, &plan, now)?;
             work.passes += 1;
-            more = batch.len() == snapshot::BATCH && !plan.binds.is_empty();
+            more = batch.workers.len() == snapshot::BATCH && !plan.binds.is_empty();
         }
     }
     Ok(Figures::of(&world, work, now, started.elapsed()))

@@ -46,6 +46,8 @@ pub struct Figures {
     pub steps: u64,
     pub passes: u64,
     pub replans: u64,
+    /// Passes shown every machine as it is, for stage-in to weigh.
+    pub whole_passes: u64,
 }
 
 impl Figures {
@@ -114,6 +116,7 @@ impl Figures {
             steps: work.steps,
             passes: work.passes,
             replans: work.replans,
+            whole_passes: work.whole,
         }
     }
 }

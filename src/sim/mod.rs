@@ -25,7 +25,7 @@ use trace::Trace;
 /// weighed by turning one on or off.
 pub const POLICIES: &[(&str, fn(u64) -> Policy)] = &[
     ("astraeus", |_| Policy::PRODUCT),
-    ("astraeus_stage_in", |_| product(|d| d.stage_in = true)),
+    ("astraeus_no_stage_in", |_| product(|d| d.stage_in = false)),
     ("astraeus_no_queue_eviction", |_| product(|d| d.queue_eviction = false)),
     ("astraeus_no_refill_cost", |_| product(|d| d.refill_cost = false)),
     ("random", |seed| Policy { scoring: Scoring::Random { seed }, ..Policy::PRODUCT }),

@@ -9,7 +9,7 @@ use uuid::Uuid;
 
 use super::fills::Ms;
 use super::world::{CLUSTER, Machine, Shape, World, id};
-use crate::scheduler::plan::{STAGE_PER_RUN, STAGE_RUNS, Snapshot};
+use crate::scheduler::plan::{STAGE_BUDGET, STAGE_PER_RUN, STAGE_RUNS, Snapshot};
 use crate::scheduler::policy::{Policy, Scoring};
 use crate::scheduler::snapshot::{CopyView, MachineView};
 use crate::store::workers::PendingRow;
@@ -36,14 +36,15 @@ fn slots(machines: &[Machine], (gpus, cpu, memory): Shape) -> usize {
 }
 
 /// What a pass may be spared of the world without changing what the policy decides.
+///
+/// A machine that no worker of the batch fits by resources may be shown not ready: the planner
+/// turns it down at once, as its resource filters would, without writing out why. Its copies
+/// may be left out too, sparing the warm-machine ranking from weighing machines it then turns
+/// down; only ImageLocality's spread (every machine holding a drive counts) looks at them.
+/// Stage-in weighs busy machines for the runs that fit nowhere: a pass that may stage is shown
+/// everything (see [`Views::show`]).
 #[derive(Debug, Clone, Copy)]
 pub struct Shortcuts {
-    /// Show a machine that no worker of the batch fits by resources as not ready: the planner
-    /// turns it down at once, as its resource filters would, without writing out why.
-    pub unfit_not_ready: bool,
-    /// Show the copies of such machines too. Only ImageLocality's spread (every machine holding
-    /// a drive counts) and stage-in (it weighs busy machines) look at them; for the others,
-    /// leaving them out spares the warm-machine ranking from weighing machines it then turns down.
     pub unfit_copies: bool,
     /// Show, besides the workers that may fit, those of the first queued runs that fit nowhere:
     /// stage-in weighs them.
@@ -52,13 +53,14 @@ pub struct Shortcuts {
 
 impl Shortcuts {
     pub fn for_policy(p: &Policy) -> Shortcuts {
-        let stage_in = p.decisions.stage_in;
-        Shortcuts {
-            unfit_not_ready: !stage_in,
-            unfit_copies: stage_in || p.scoring == Scoring::ImageLocality,
-            waiting: stage_in,
-        }
+        Shortcuts { unfit_copies: p.scoring == Scoring::ImageLocality, waiting: p.decisions.stage_in }
     }
+}
+
+/// The workers a pass is shown, and how many of them were added only for stage-in to weigh.
+pub struct Batch {
+    pub workers: Vec<usize>,
+    pub waiting: usize,
 }
 
 pub struct Views {
@@ -88,6 +90,7 @@ impl Views {
                 gpus_free: m.gpus_free,
                 data_free: Some(m.data_free()),
                 reclaimable: m.reclaimable,
+                images: Vec::new(),
                 copies: HashMap::new(),
             })
             .collect();
@@ -99,23 +102,25 @@ impl Views {
     /// no more than [`BATCH`] in all; with `waiting`, also up to [`STAGE_PER_RUN`] more workers
     /// of each of the first [`STAGE_RUNS`] runs that have more. Workers left out are shown to a
     /// later pass.
-    pub fn batch(&self, world: &World) -> Vec<usize> {
+    pub fn batch(&self, world: &World) -> Batch {
         let mut room: HashMap<Shape, usize> =
             world.pending_shapes.iter().map(|(s, n)| (*s, slots(&world.machines, *s).min(*n))).collect();
         let mut wanted: usize = room.values().sum::<usize>().min(BATCH);
-        let mut runs_waiting = if self.shortcuts.waiting { STAGE_RUNS } else { 0 };
+        // Stage-in weighs the runs that wait only while it has budget left.
+        let staging = self.shortcuts.waiting && world.staged.len() < STAGE_BUDGET;
+        let mut runs_waiting = if staging { STAGE_RUNS } else { 0 };
         // The run whose workers left out are being shown, and how many of them so far.
         let mut extra: Option<(usize, usize)> = None;
-        let mut batch = Vec::new();
+        let mut batch = Batch { workers: Vec::new(), waiting: 0 };
         for &w in &world.pending {
-            if batch.len() == BATCH || (wanted == 0 && runs_waiting == 0 && extra.is_none()) {
+            if batch.workers.len() == BATCH || (wanted == 0 && runs_waiting == 0 && extra.is_none()) {
                 break;
             }
             let left = room.get_mut(&world.shape(w)).expect("every pending shape is counted");
             if *left > 0 && wanted > 0 {
                 *left -= 1;
                 wanted -= 1;
-                batch.push(w);
+                batch.workers.push(w);
                 continue;
             }
             let run = world.workers[w].run;
@@ -123,13 +128,15 @@ impl Views {
                 Some((r, n)) if *r == run => {
                     if *n < STAGE_PER_RUN {
                         *n += 1;
-                        batch.push(w);
+                        batch.workers.push(w);
+                        batch.waiting += 1;
                     }
                 }
                 _ if runs_waiting > 0 => {
                     runs_waiting -= 1;
                     extra = Some((run, 1));
-                    batch.push(w);
+                    batch.workers.push(w);
+                    batch.waiting += 1;
                 }
                 _ => extra = None,
             }
@@ -137,10 +144,9 @@ impl Views {
         batch
     }
 
-    /// Shows the world as it is now and the batch's workers. A machine that none of the batch's
-    /// requests fits by resources is shown not ready: the planner turns it down at once, as its
-    /// resource filters would, and it still counts among the machines (for ImageLocality's spread).
-    pub fn show(&mut self, world: &World, batch: &[usize]) {
+    /// Shows the world as it is now and the batch's workers; `whole` shows every machine as
+    /// ready and with its copies, which a pass that may stage needs (see [`Shortcuts`]).
+    pub fn show(&mut self, world: &World, batch: &[usize], whole: bool) {
         let s = &mut self.snapshot;
         let mut shapes: Vec<Shape> = batch.iter().map(|w| world.shape(*w)).collect();
         shapes.sort_unstable();
@@ -151,7 +157,7 @@ impl Views {
             v.gpus_free = m.gpus_free;
             v.data_free = Some(m.data_free());
             v.reclaimable = m.reclaimable;
-            v.ready = !self.shortcuts.unfit_not_ready || shapes.iter().any(|sh| fits(m, *sh));
+            v.ready = whole || shapes.iter().any(|sh| fits(m, *sh));
         }
         // Copies only of the drives the batch mounts, as the shell reads them.
         for m in std::mem::take(&mut self.shown) {
@@ -163,7 +169,7 @@ impl Views {
             runs.iter().flat_map(|r| world.runs[*r].drives.iter().copied()).collect();
         for d in drives {
             for &m in &world.holders[d] {
-                if !(self.shortcuts.unfit_copies || s.machines[m].ready) {
+                if !(whole || self.shortcuts.unfit_copies || s.machines[m].ready) {
                     continue;
                 }
                 let state = world.machines[m].copies[&d].state;

@@ -9,6 +9,7 @@ use uuid::Uuid;
 
 use super::fills::{Fills, Ms};
 use super::trace::Trace;
+use crate::domain::drive::{NodeScope, Transport};
 use crate::domain::task::NodeSelection;
 use crate::scheduler::snapshot::{CopyState, DriveNeed, Request};
 use crate::store::workers::Charge;
@@ -186,9 +187,9 @@ impl World {
                 id: id(i),
                 name: d.name.clone(),
                 full: format!("sim.{}", d.name),
-                scope: Some("placed".into()),
+                scope: Some(NodeScope::Placed),
                 node: None,
-                transport: "Auto".into(),
+                transport: Transport::Auto,
                 size_hint: d.size_bytes,
                 evictable: d.evictable,
                 host_path: None,
@@ -211,6 +212,7 @@ impl World {
                         selection: NodeSelection::default(),
                         drives: drives.iter().map(|d| needs[*d].clone()).collect(),
                         fill: false,
+                        image: None,
                     },
                     drives,
                     durations: (0..r.workers as usize).map(|w| ms(r.duration_of(w))).collect(),

@@ -22,15 +22,24 @@ use trace::Trace;
 
 /// The policies compared, each made from the simulation's seed: a new one is one line here.
 /// Filters, eviction and fills are the product's for all; the product's own decisions are
-/// weighed by turning one on or off.
-pub const POLICIES: &[(&str, fn(u64) -> Policy)] = &[
+/// weighed by turning one off. The baselines choose among the machines that fit by another
+/// score and, knowing nothing of where data will be wanted, fill none ahead (stage-in).
+pub const POLICIES: &[Named] = &[
     ("astraeus", |_| Policy::PRODUCT),
     ("astraeus_no_stage_in", |_| product(|d| d.stage_in = false)),
     ("astraeus_no_queue_eviction", |_| product(|d| d.queue_eviction = false)),
     ("astraeus_no_refill_cost", |_| product(|d| d.refill_cost = false)),
-    ("random", |seed| Policy { scoring: Scoring::Random { seed }, ..Policy::PRODUCT }),
-    ("image_locality", |_| Policy { scoring: Scoring::ImageLocality, ..Policy::PRODUCT }),
+    ("random", |seed| baseline(Scoring::Random { seed })),
+    ("image_locality", |_| baseline(Scoring::ImageLocality)),
 ];
+
+/// A policy's name in the table, and how it is made from the simulation's seed.
+pub type Named = (&'static str, fn(u64) -> Policy);
+
+/// A baseline: the product but for its score, without stage-in.
+fn baseline(scoring: Scoring) -> Policy {
+    Policy { scoring, decisions: Decisions { stage_in: false, ..Policy::PRODUCT.decisions } }
+}
 
 /// The product's policy with its decisions changed by `change`.
 fn product(change: fn(&mut Decisions)) -> Policy {
@@ -78,7 +87,7 @@ pub async fn run(args: SimArgs) -> anyhow::Result<()> {
 }
 
 /// The policies named, in the table's order; every one when none is named.
-pub fn choose(names: &[String]) -> anyhow::Result<Vec<(&'static str, fn(u64) -> Policy)>> {
+pub fn choose(names: &[String]) -> anyhow::Result<Vec<Named>> {
     if names.is_empty() {
         return Ok(POLICIES.to_vec());
     }

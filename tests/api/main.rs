@@ -19,4 +19,5 @@ mod restarts;
 mod roles;
 mod runs;
 mod secrets;
+mod sim_export;
 mod watch;

@@ -384,26 +384,33 @@ async fn room_for_a_new_copy_comes_from_the_least_recently_used_evictable_copy_n
     cluster.stop().await;
 }
 
-#[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
-async fn room_for_a_workers_new_copy_never_comes_from_a_copy_it_mounts_too(pool: PgPool) {
-    // The worker is Pending when room is made, so Postgres knows of no live worker mounting
-    // its drives: the copy it also mounts must be kept however long ago it was last used.
+/// gpu-01 with room for two copies of 100 kB and half of a third (250 kB), and three drives of
+/// 100 kB: `first` and `other`, whole there and used in that order (so `first` is the least
+/// recently used), and `new`, not there yet.
+async fn two_copies_used_in_turn(pool: &PgPool, first: &str) -> Cluster {
     const COPY: i64 = 100_000;
     let fill = "set -e; head -c 100000 /dev/urandom > /drive/blob; touch /drive/.astralyx-filled";
-    let mut cluster = Cluster::start(&pool).await;
+    let mut cluster = Cluster::start(pool).await;
     cluster.add_machine("gpu-01").await;
-    // Room for two copies and half of a third: 250 kB.
     cluster.confirm("gpu-01", Some(2 * COPY + COPY / 2)).await;
     let api = cluster.api.clone();
-    for name in ["mine", "other", "new"] {
+    for name in [first, "other", "new"] {
         api.create_drive(&placed_drive(name, COPY as u64, true, fill, 0.5)).await;
     }
-    // Used in this order, so mine is the least recently used.
-    for drive in ["mine", "other"] {
+    for drive in [first, "other"] {
         let run = format!("use-{drive}");
         api.create_run(&run_mounting(&run, "cat /data/blob > /dev/null", &[drive], 0.1)).await;
         api.wait_completed(&run).await;
     }
+    cluster
+}
+
+#[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
+async fn room_for_a_workers_new_copy_never_comes_from_a_copy_it_mounts_too(pool: PgPool) {
+    // The worker is Pending when room is made, so Postgres knows of no live worker mounting
+    // its drives: the copy it also mounts must be kept however long ago it was last used.
+    let cluster = two_copies_used_in_turn(&pool, "mine").await;
+    let api = cluster.api.clone();
 
     // new needs 100 kB, 50 kB are free: other goes, although mine was used longer ago.
     api.create_run(&run_mounting("both", "true", &["mine", "new"], 0.1)).await;
@@ -423,22 +430,8 @@ async fn room_for_a_workers_new_copy_never_comes_from_a_copy_it_mounts_too(pool:
 
 #[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
 async fn room_for_a_new_copy_keeps_the_copy_a_queued_worker_mounts(pool: PgPool) {
-    const COPY: i64 = 100_000;
-    let fill = "set -e; head -c 100000 /dev/urandom > /drive/blob; touch /drive/.astralyx-filled";
-    let mut cluster = Cluster::start(&pool).await;
-    cluster.add_machine("gpu-01").await;
-    // Room for two copies and half of a third: 250 kB.
-    cluster.confirm("gpu-01", Some(2 * COPY + COPY / 2)).await;
+    let cluster = two_copies_used_in_turn(&pool, "queued").await;
     let api = cluster.api.clone();
-    for name in ["queued", "other", "new"] {
-        api.create_drive(&placed_drive(name, COPY as u64, true, fill, 0.5)).await;
-    }
-    // Used in this order, so queued is the least recently used.
-    for drive in ["queued", "other"] {
-        let run = format!("use-{drive}");
-        api.create_run(&run_mounting(&run, "cat /data/blob > /dev/null", &[drive], 0.1)).await;
-        api.wait_completed(&run).await;
-    }
     // A worker that mounts queued waits for more cores than the machine has.
     api.create_run(&run_mounting("later", "true", &["queued"], 64.0)).await;
     eventually("the big worker waits", || async {

@@ -214,11 +214,11 @@ async fn apply(
         store::events::record(&mut *tx, &on_machine).await?;
     }
     for c in &plan.copies {
-        store::copies::ensure(&mut *tx, c.drive, c.machine, c.size_hint, c.evictable).await?;
+        store::copies::ensure(&mut *tx, c.drive, c.machine, c.size_hint, c.evictable, None).await?;
     }
     for st in &plan.staged {
         let c = &st.copy;
-        store::copies::stage(&mut *tx, c.drive, c.machine, c.size_hint, c.evictable, st.run).await?;
+        store::copies::ensure(&mut *tx, c.drive, c.machine, c.size_hint, c.evictable, Some(st.run)).await?;
         let m = s.machines.iter().find(|m| m.id == c.machine).map_or("", |m| m.name.as_str());
         let why = format!("copy on {m} filled ahead for a queued run that waits for resources");
         store::events::record_for_drive(&mut *tx, c.drive, false, "StagedIn", &why, "scheduler").await?;

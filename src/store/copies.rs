@@ -271,41 +271,20 @@ pub async fn unsettled(
     .await
 }
 
-/// Makes sure the drive has a copy row on the machine (Filling, holding `size_hint` of room).
+/// Makes sure the drive has a copy row on the machine (Filling, holding `size_hint` of room);
+/// `staged_for` names the queued run it is filled ahead for (stage-in), when one is, and the
+/// copy is made only while that run exists.
 pub async fn ensure(
     db: impl PgExecutor<'_>,
     drive: Uuid,
     machine: Uuid,
     size_hint: i64,
     evictable: bool,
-) -> sqlx::Result<()> {
-    sqlx::query(
-        "INSERT INTO copies (id, drive_id, machine_id, size_hint, evictable) VALUES ($1, $2, $3, $4, $5)
-         ON CONFLICT ON CONSTRAINT copies_drive_machine_key DO NOTHING",
-    )
-    .bind(Uuid::now_v7())
-    .bind(drive)
-    .bind(machine)
-    .bind(size_hint)
-    .bind(evictable)
-    .execute(db)
-    .await
-    .map(drop)
-}
-
-/// Makes a copy filled ahead for `run`, which waits for resources (Filling, holding
-/// `size_hint` of room); nothing when the machine has a copy already.
-pub async fn stage(
-    db: impl PgExecutor<'_>,
-    drive: Uuid,
-    machine: Uuid,
-    size_hint: i64,
-    evictable: bool,
-    run: Uuid,
+    staged_for: Option<Uuid>,
 ) -> sqlx::Result<()> {
     sqlx::query(
         "INSERT INTO copies (id, drive_id, machine_id, size_hint, evictable, staged_for)
-         SELECT $1, $2, $3, $4, $5, $6 WHERE EXISTS (SELECT 1 FROM runs WHERE id = $6)
+         SELECT $1, $2, $3, $4, $5, $6 WHERE $6 IS NULL OR EXISTS (SELECT 1 FROM runs WHERE id = $6)
          ON CONFLICT ON CONSTRAINT copies_drive_machine_key DO NOTHING",
     )
     .bind(Uuid::now_v7())
@@ -313,7 +292,7 @@ pub async fn stage(
     .bind(machine)
     .bind(size_hint)
     .bind(evictable)
-    .bind(run)
+    .bind(staged_for)
     .execute(db)
     .await
     .map(drop)

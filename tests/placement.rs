@@ -484,14 +484,18 @@ async fn a_run_that_waits_for_cores_has_its_drive_filled_ahead_and_starts_warm_w
 
     // Both machines miss half a core; gpu-01 comes first. Its copy is filled while the run waits.
     api.wait_completed("fill-set-gpu-01").await;
-    let drive = api.drive("set").await;
-    let copies: Vec<_> = drive["copies"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|c| (c["node"].clone(), c["complete"].clone()))
-        .collect();
-    assert_eq!(copies, [(json!("gpu-01"), json!(true))], "{drive}");
+    // The copy is whole once the agent's next heartbeat reports its marker.
+    eventually("the copy filled ahead is whole, on gpu-01 alone", || async {
+        let drive = api.drive("set").await;
+        let copies: Vec<_> = drive["copies"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| (c["node"].clone(), c["complete"].clone()))
+            .collect();
+        if copies == [(json!("gpu-01"), json!(true))] { Ok(()) } else { Err(drive.to_string()) }
+    })
+    .await;
     let events = api.get("/events?object=drive/set").await.expect(StatusCode::OK);
     let staged: Vec<&serde_json::Value> =
         events["items"].as_array().unwrap().iter().filter(|e| e["reason"] == "StagedIn").collect();

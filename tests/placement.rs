@@ -19,6 +19,15 @@ const WAITING_ON_GPU01: &str = "Waiting for drive default.food101 to be filled o
 const GATED_MARKER: &str = "i=0; while [ ! -e /drive/gate ]; do i=$((i+1)); [ $i -lt 1200 ] || exit 3; sleep 0.1; done; \
     rm /drive/gate; touch /drive/.astralyx-filled";
 
+/// A fill that writes one blob of 100 kB, then the marker (which is empty).
+const BLOB_FILL: &str = "set -e; head -c 100000 /dev/urandom > /drive/blob; touch /drive/.astralyx-filled";
+
+/// The events about `object` (`drive/NAME`, `machine/NAME`) with `reason`, oldest first.
+async fn events_with(api: &Api, object: &str, reason: &str) -> Vec<serde_json::Value> {
+    let events = api.get(&format!("/events?object={object}")).await.expect(StatusCode::OK);
+    events["items"].as_array().unwrap().iter().filter(|e| e["reason"] == reason).cloned().collect()
+}
+
 /// `sleep 300`, pinned to `machine`, holding `cpu_cores` and mounting nothing.
 fn busy(name: &str, machine: &str, cpu_cores: f64) -> serde_json::Value {
     pinned(run_mounting(name, "sleep 300", &[], cpu_cores), machine)
@@ -300,14 +309,13 @@ async fn fifty_runs_at_once_through_two_replicas_get_one_fill_and_never_overcomm
 async fn room_for_a_new_copy_comes_from_the_least_recently_used_evictable_copy_nobody_uses(pool: PgPool) {
     // Every copy here is exactly 100 kB (one file; the marker is empty) and hints 100 kB.
     const COPY: i64 = 100_000;
-    let fill = "set -e; head -c 100000 /dev/urandom > /drive/blob; touch /drive/.astralyx-filled";
     let mut cluster = Cluster::start(&pool).await;
     cluster.add_machine("gpu-01").await;
     // Room for four copies and half of a fifth: 450 kB.
     cluster.confirm("gpu-01", Some(4 * COPY + COPY / 2)).await;
     let api = cluster.api.clone();
     for (name, evictable) in [("cold", false), ("held", true), ("a", true), ("b", true), ("d", true)] {
-        api.create_drive(&placed_drive(name, COPY as u64, evictable, fill, 0.5)).await;
+        api.create_drive(&placed_drive(name, COPY as u64, evictable, BLOB_FILL, 0.5)).await;
     }
     let use_once = |run: &str, drive: &str| run_mounting(run, "cat /data/blob > /dev/null", &[drive], 0.1);
 
@@ -389,13 +397,12 @@ async fn room_for_a_new_copy_comes_from_the_least_recently_used_evictable_copy_n
 /// recently used), and `new`, not there yet.
 async fn two_copies_used_in_turn(pool: &PgPool, first: &str) -> Cluster {
     const COPY: i64 = 100_000;
-    let fill = "set -e; head -c 100000 /dev/urandom > /drive/blob; touch /drive/.astralyx-filled";
     let mut cluster = Cluster::start(pool).await;
     cluster.add_machine("gpu-01").await;
     cluster.confirm("gpu-01", Some(2 * COPY + COPY / 2)).await;
     let api = cluster.api.clone();
     for name in [first, "other", "new"] {
-        api.create_drive(&placed_drive(name, COPY as u64, true, fill, 0.5)).await;
+        api.create_drive(&placed_drive(name, COPY as u64, true, BLOB_FILL, 0.5)).await;
     }
     for drive in [first, "other"] {
         let run = format!("use-{drive}");
@@ -454,13 +461,10 @@ async fn room_for_a_new_copy_keeps_the_copy_a_queued_worker_mounts(pool: PgPool)
         assert!(gpu01.copy_dir(&format!("default.{kept}")).join(".astralyx-filled").exists(), "{kept}");
     }
     // The eviction is told on the drive and on the machine.
-    let drive = api.get("/events?object=drive/other").await.expect(StatusCode::OK);
-    let evicted = |events: &serde_json::Value| {
-        events["items"].as_array().unwrap().iter().filter(|e| e["reason"] == "Evicted").count()
-    };
-    assert_eq!(evicted(&drive), 1, "{drive}");
-    let machine = api.get("/events?object=machine/gpu-01").await.expect(StatusCode::OK);
-    assert_eq!(evicted(&machine), 1, "{machine}");
+    for object in ["drive/other", "machine/gpu-01"] {
+        let evicted = events_with(&api, object, "Evicted").await;
+        assert_eq!(evicted.len(), 1, "{object}: {evicted:?}");
+    }
     api.delete_run("later").await;
     cluster.stop().await;
 }
@@ -468,12 +472,11 @@ async fn room_for_a_new_copy_keeps_the_copy_a_queued_worker_mounts(pool: PgPool)
 #[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
 async fn a_run_that_waits_for_cores_has_its_drive_filled_ahead_and_starts_warm_when_they_free(pool: PgPool) {
     const COPY: u64 = 100_000;
-    let fill = "set -e; head -c 100000 /dev/urandom > /drive/blob; touch /drive/.astralyx-filled";
     let mut cluster = Cluster::start(&pool).await;
     cluster.add_ready_machine("gpu-01").await;
     cluster.add_ready_machine("gpu-02").await;
     let api = cluster.api.clone();
-    api.create_drive(&placed_drive("set", COPY, true, fill, 0.25)).await;
+    api.create_drive(&placed_drive("set", COPY, true, BLOB_FILL, 0.25)).await;
     // Each machine has 2 cores: 1.5 taken on each leaves room for the fill, not for the run.
     for m in ["gpu-01", "gpu-02"] {
         let hog = format!("hog-{m}");
@@ -496,10 +499,8 @@ async fn a_run_that_waits_for_cores_has_its_drive_filled_ahead_and_starts_warm_w
         if copies == [(json!("gpu-01"), json!(true))] { Ok(()) } else { Err(drive.to_string()) }
     })
     .await;
-    let events = api.get("/events?object=drive/set").await.expect(StatusCode::OK);
-    let staged: Vec<&serde_json::Value> =
-        events["items"].as_array().unwrap().iter().filter(|e| e["reason"] == "StagedIn").collect();
-    assert_eq!(staged.len(), 1, "{events}");
+    let staged = events_with(&api, "drive/set", "StagedIn").await;
+    assert_eq!(staged.len(), 1, "{staged:?}");
     assert_eq!(staged[0]["message"], "copy on gpu-01 filled ahead for a queued run that waits for resources");
     assert_eq!(api.worker("train-0").await["status"]["state"], "Pending");
 
@@ -518,7 +519,6 @@ async fn a_run_pinned_to_a_machine_weighs_its_copies_room_and_use_there(pool: Pg
     // A pass whose runs all name their machines reads only those machines' copies: the named
     // machine's must still count, with which of them are in use.
     const COPY: i64 = 100_000;
-    let fill = "set -e; head -c 100000 /dev/urandom > /drive/blob; touch /drive/.astralyx-filled";
     let mut cluster = Cluster::start(&pool).await;
     cluster.add_machine("gpu-01").await;
     cluster.add_machine("gpu-02").await;
@@ -526,7 +526,7 @@ async fn a_run_pinned_to_a_machine_weighs_its_copies_room_and_use_there(pool: Pg
     cluster.confirm("gpu-01", Some(2 * COPY + COPY / 2)).await;
     let api = cluster.api.clone();
     for (name, evictable) in [("kept", false), ("held", true), ("extra", true)] {
-        api.create_drive(&placed_drive(name, COPY as u64, evictable, fill, 0.5)).await;
+        api.create_drive(&placed_drive(name, COPY as u64, evictable, BLOB_FILL, 0.5)).await;
     }
     let on_gpu01 =
         |run: &str, script: &str, drive: &str| pinned(run_mounting(run, script, &[drive], 0.1), "gpu-01");
@@ -790,13 +790,12 @@ async fn a_fill_that_never_writes_its_marker_fails_its_copy_after_three_fills(po
 #[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
 async fn a_data_location_over_its_limit_evicts_its_least_recently_used_copy(pool: PgPool) {
     const COPY: i64 = 100_000;
-    let fill = "set -e; head -c 100000 /dev/urandom > /drive/blob; touch /drive/.astralyx-filled";
     let mut cluster = Cluster::start(&pool).await;
     cluster.add_machine("gpu-01").await;
     cluster.confirm("gpu-01", Some(3 * COPY)).await;
     let api = cluster.api.clone();
     for name in ["older", "newer"] {
-        api.create_drive(&placed_drive(name, COPY as u64, true, fill, 0.5)).await;
+        api.create_drive(&placed_drive(name, COPY as u64, true, BLOB_FILL, 0.5)).await;
         let run = format!("use-{name}");
         api.create_run(&run_mounting(&run, "cat /data/blob > /dev/null", &[name], 0.1)).await;
         api.wait_completed(&run).await;

@@ -305,9 +305,8 @@ async fn assignments(
     // A version heard in a wake-up (the `machines_woken` trigger, see store::rules) is the one
     // Postgres holds, or an older one whose successor's wake-up is on its way: an agent behind
     // it is answered, and an agent holding it waits, without asking Postgres (an agent that
-    // will not wait is told what Postgres holds). The reads are boxed: inline, they would size
-    // the future every machine holds while it waits (1,840 bytes against 496, measured with
-    // `size_of_val`).
+    // will not wait is told what Postgres holds). The reads are boxed: inline, they would be
+    // part of the future every waiting machine holds, several times its size.
     let heard = app.hub.assign_version(caller.id).filter(|&v| v > q.version || !wait.is_zero());
     let (mut version, mut db) = match heard {
         Some(heard) => (heard, None),

@@ -57,7 +57,14 @@ pub fn excess(p: &Pressed) -> Option<(i64, String)> {
 /// Evicts on every machine under pressure; returns how many copies.
 pub async fn tick(db: &PgPool) -> anyhow::Result<usize> {
     let mut evicted = 0;
-    for p in store::copies::under_pressure(db).await? {
+    let pressed = store::copies::under_pressure(db).await?;
+    if !pressed.iter().any(|p| excess(p).is_some()) {
+        return Ok(0);
+    }
+    // The same weighing as the scheduler's: the queue's drives last, a refill's bytes weighed
+    // with recency. The queue is read once a round, for every machine under pressure.
+    let queued: BTreeSet<Uuid> = store::copies::queued_drives(db).await?.into_iter().collect();
+    for p in pressed {
         let Some((need, why)) = excess(&p) else { continue };
         let mut tx = db.begin().await?;
         let copies: HashMap<Uuid, CopyView> = store::copies::on_machine_for_eviction(&mut *tx, p.machine_id)
@@ -65,9 +72,6 @@ pub async fn tick(db: &PgPool) -> anyhow::Result<usize> {
             .into_iter()
             .map(|c| (c.drive_id, evict::view(&c, false)))
             .collect();
-        // The same weighing as the scheduler's: the queue's drives last, a refill's bytes
-        // weighed with recency.
-        let queued: BTreeSet<Uuid> = store::copies::queued_drives(&mut *tx).await?.into_iter().collect();
         let gone = evict::plan_weighing(&copies, need, &queued, Some(chrono::Utc::now()));
         if gone.is_empty() {
             continue;

@@ -152,7 +152,8 @@ async fn read(
     for c in store::copies::on_machines_for_eviction(&mut *tx, &short).await? {
         evictable.entry(c.machine_id).or_default().insert(c.drive_id, evict::view(&c, false));
     }
-    let staging = match Policy::PRODUCT.decisions.stage_in {
+    // Only a pass over every machine fills ahead (see plan::stage_in).
+    let staging = match Policy::PRODUCT.decisions.stage_in && !scoped {
         true => store::copies::staging(&mut *tx).await? as usize,
         false => 0,
     };

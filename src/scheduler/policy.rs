@@ -9,7 +9,7 @@ use uuid::Uuid;
 
 use super::filter::fits;
 use super::score::{least_allocated, score};
-use super::select::{Choice, why_none};
+use super::select::{Choice, keep_two, why_none};
 use super::snapshot::{CopyState, MachineView, Request};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -97,13 +97,7 @@ pub fn select(
         if fits(m, r).is_err() {
             continue;
         }
-        let k = key(i, m);
-        if best.is_none_or(|(b, _)| k > b) {
-            second = best;
-            best = Some((k, i));
-        } else if second.is_none_or(|(b, _)| k > b) {
-            second = Some((k, i));
-        }
+        keep_two(&mut best, &mut second, key(i, m), i);
     }
     let Some((_, index)) = best else {
         return Err(why_none(machines, &[], r).unwrap_or_default());

@@ -137,19 +137,27 @@ fn rank(machines: &[MachineView], r: &Request, indices: impl Iterator<Item = usi
     for i in indices {
         let m = &machines[i];
         match fits(m, r) {
-            Ok(()) => {
-                let s = score(m, r);
-                if best.is_none_or(|(b, _)| s > b) {
-                    second = best;
-                    best = Some((s, i));
-                } else if second.is_none_or(|(b, _)| s > b) {
-                    second = Some((s, i));
-                }
-            }
+            Ok(()) => keep_two(&mut best, &mut second, score(m, r), i),
             Err(why) => tally(&mut reasons, why),
         }
     }
     (best, second, reasons)
+}
+
+/// Keeps the two highest keys offered in turn, with their machines' indices; of equal keys the
+/// first offered ranks higher.
+pub fn keep_two<K: Ord + Copy>(
+    best: &mut Option<(K, usize)>,
+    second: &mut Option<(K, usize)>,
+    k: K,
+    i: usize,
+) {
+    if best.is_none_or(|(b, _)| k > b) {
+        *second = *best;
+        *best = Some((k, i));
+    } else if second.is_none_or(|(b, _)| k > b) {
+        *second = Some((k, i));
+    }
 }
 
 /// For each drive, the machines (by index, ascending) holding a whole copy of it.

@@ -25,6 +25,26 @@ pub struct Images {
     /// When a worker last started from each image (by full name), in this agent's life; an
     /// image not started since counts as used when it was built.
     used: Mutex<HashMap<String, SystemTime>>,
+    /// Images workers hold (see [`Images::hold`]), with how many hold each.
+    held: Mutex<HashMap<String, usize>>,
+}
+
+/// A worker's hold on an image; dropping it lets the image go.
+pub struct Hold<'a> {
+    images: &'a Images,
+    image: String,
+}
+
+impl Drop for Hold<'_> {
+    fn drop(&mut self) {
+        let mut held = self.images.held.lock().expect("not poisoned");
+        if let Some(count) = held.get_mut(&self.image) {
+            *count -= 1;
+            if *count == 0 {
+                held.remove(&self.image);
+            }
+        }
+    }
 }
 
 impl Images {
@@ -41,6 +61,18 @@ impl Images {
     pub fn used(&self, image: &str) {
         self.used.lock().expect("not poisoned").insert(image.to_owned(), SystemTime::now());
         self.changed();
+    }
+
+    /// Holds `image` (its full name) for a worker until the guard drops: while the worker pulls
+    /// it and makes its container, podman counts no use of it, and it must not be removed then.
+    pub fn hold(&self, image: &str) -> Hold<'_> {
+        *self.held.lock().expect("not poisoned").entry(image.to_owned()).or_default() += 1;
+        Hold { images: self, image: image.to_owned() }
+    }
+
+    fn in_hand(&self, image: &Image) -> bool {
+        let held = self.held.lock().expect("not poisoned");
+        image.names.iter().any(|n| held.get(n).is_some_and(|&count| count > 0))
     }
 
     fn last_used(&self, image: &Image) -> SystemTime {
@@ -125,7 +157,8 @@ pub async fn reconcile(
 ) -> Result<Vec<ImageReport>, String> {
     let images = podman.images().await?;
     let free = free_bytes(root);
-    let doomed = to_remove(&images, |i| state.last_used(i), free, keep_free);
+    let removable: Vec<Image> = images.iter().filter(|i| !state.in_hand(i)).cloned().collect();
+    let doomed = to_remove(&removable, |i| state.last_used(i), free, keep_free);
     if doomed.is_empty() {
         return Ok(report(&images));
     }
@@ -182,6 +215,20 @@ mod tests {
         state.used("docker.io/library/a:1");
         let order = to_remove(&images, |i| state.last_used(i), 0, u64::MAX);
         assert_eq!(order.iter().map(|i| i.id.as_str()).collect::<Vec<_>>(), ["b", "a"]);
+    }
+
+    #[test]
+    fn an_image_is_in_hand_while_a_worker_holds_it() {
+        let state = Images::default();
+        let (a, b) = (image("a", 100, 10, 0), image("b", 100, 20, 0));
+        let first = state.hold("docker.io/library/a:1");
+        let second = state.hold("docker.io/library/a:1");
+        assert!(state.in_hand(&a));
+        assert!(!state.in_hand(&b), "never held");
+        drop(first);
+        assert!(state.in_hand(&a), "still held by the second worker");
+        drop(second);
+        assert!(!state.in_hand(&a));
     }
 
     #[test]

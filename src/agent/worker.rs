@@ -90,6 +90,9 @@ pub async fn run(
         Ok(image) => image,
         Err(why) => return fail(client, &a, &format!("image {why}")).await,
     };
+    // Kept from the pull until the worker ends: before its container exists, podman counts no
+    // use of the image, and a short disk would have it removed.
+    let _held = machine.images.hold(&image.to_string());
     if let Err(why) = pull(client, machine, &a, &image, &stop).await {
         if !stop.is_cancelled() {
             fail(client, &a, &why).await;

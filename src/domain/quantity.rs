@@ -57,6 +57,15 @@ pub fn human_bytes(bytes: u64) -> String {
     if unit == 0 { format!("{bytes} B") } else { format!("{value:.1} {}", UNITS[unit]) }
 }
 
+/// `0 s`, `45 s`, `12 min`, `2.5 h`: a wait, as placement events estimate it.
+pub fn human_seconds(seconds: i64) -> String {
+    match seconds.max(0) {
+        s if s < 60 => format!("{s} s"),
+        s if s < 3600 => format!("{} min", (s as u64).div_ceil(60)),
+        s => format!("{:.1} h", s as f64 / 3600.0),
+    }
+}
+
 /// `256 MiB`, `1.5 GiB`: memory requests are powers of two more often than not.
 pub fn binary_bytes(bytes: u64) -> String {
     const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
@@ -76,6 +85,15 @@ pub fn binary_bytes(bytes: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn waits_read_in_the_largest_unit_that_fits() {
+        assert_eq!(human_seconds(0), "0 s");
+        assert_eq!(human_seconds(45), "45 s");
+        // 61 s rounds up to 2 min: an estimate never reads shorter than it is.
+        assert_eq!(human_seconds(61), "2 min");
+        assert_eq!(human_seconds(9000), "2.5 h");
+    }
 
     #[test]
     fn cores_round_trip_through_millis() {

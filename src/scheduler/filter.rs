@@ -136,6 +136,8 @@ mod tests {
             reclaimable: 0,
             images: vec![],
             copies: HashMap::new(),
+            filled: HashMap::new(),
+            fill_rate: None,
         }
     }
 

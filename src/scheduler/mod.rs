@@ -329,12 +329,16 @@ async fn load_machines(
     let read = store::machines::for_placement(&mut *tx, scope).await?;
     let only: Option<Vec<Uuid>> = scope.map(|_| read.iter().map(|m| m.id).collect());
     let totals = store::copies::totals_for_placement(&mut *tx, only.as_deref()).await?;
-    let mut copies: HashMap<Uuid, HashMap<Uuid, CopyState>> = HashMap::new();
+    let mut copies: HashMap<Uuid, Copies> = HashMap::new();
     if !drives.is_empty() {
-        for (drive, machine, state) in
+        for (drive, machine, state, bytes) in
             store::copies::states_for_placement(&mut *tx, drives, only.as_deref()).await?
         {
-            copies.entry(machine).or_default().insert(drive, state);
+            let here = copies.entry(machine).or_default();
+            here.states.insert(drive, state);
+            if state == CopyState::Filling {
+                here.filled.insert(drive, bytes);
+            }
         }
     }
     let mut machines = views(read, totals, copies);
@@ -363,18 +367,28 @@ async fn others(tx: &mut sqlx::PgConnection, read: &[MachineView]) -> anyhow::Re
     Ok(rest)
 }
 
+/// A machine's copies of the pass's drives: their states, and the bytes written of those being
+/// filled.
+#[derive(Default)]
+struct Copies {
+    states: HashMap<Uuid, CopyState>,
+    filled: HashMap<Uuid, i64>,
+}
+
 fn views(
     machines: Vec<store::machines::PlacementMachine>,
     totals: Vec<store::copies::PlacementTotals>,
-    mut copies: HashMap<Uuid, HashMap<Uuid, CopyState>>,
+    mut copies: HashMap<Uuid, Copies>,
 ) -> Vec<MachineView> {
     let mut totals: HashMap<Uuid, store::copies::PlacementTotals> =
         totals.into_iter().map(|t| (t.machine_id, t)).collect();
     machines
         .into_iter()
         .map(|m| {
-            let (bytes, promised, reclaimable) =
-                totals.remove(&m.id).map_or((0, 0, 0), |t| (t.bytes, t.promised, t.reclaimable));
+            let (bytes, promised, reclaimable, fill_rate) = totals
+                .remove(&m.id)
+                .map_or((0, 0, 0, None), |t| (t.bytes, t.promised, t.reclaimable, t.fill_rate));
+            let here = copies.remove(&m.id).unwrap_or_default();
             let data_free = m
                 .confirmed
                 .then(|| snapshot::data_free(m.data_free_bytes, m.data_limit_bytes, bytes, promised));
@@ -394,7 +408,9 @@ fn views(
                 data_free,
                 reclaimable,
                 images: Vec::new(),
-                copies: copies.remove(&m.id).unwrap_or_default(),
+                copies: here.states,
+                filled: here.filled,
+                fill_rate,
             }
         })
         .collect()

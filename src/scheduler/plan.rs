@@ -121,6 +121,12 @@ pub fn plan(s: &Snapshot, now: DateTime<Utc>, policy: &Policy) -> Plan {
     if !policy.decisions.images {
         machines.iter_mut().for_each(|m| m.images.clear());
     }
+    if !policy.decisions.expected_start {
+        machines.iter_mut().for_each(|m| {
+            m.filled.clear();
+            m.fill_rate = None;
+        });
+    }
     let mut evictable = s.evictable.clone();
     let mut out = Plan::default();
     // Copies made whole during the pass are not: the index stays true for the whole pass.
@@ -430,6 +436,8 @@ mod tests {
             reclaimable: 0,
             images: vec![],
             copies: HashMap::new(),
+            filled: HashMap::new(),
+            fill_rate: None,
         }
     }
 

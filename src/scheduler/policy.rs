@@ -37,13 +37,26 @@ pub struct Decisions {
     pub stage_in: bool,
     /// Count the images machines hold, after the data, when choosing among them.
     pub images: bool,
+    /// Among machines with as many copies, prefer the one whose data could be whole soonest:
+    /// its copies' bytes left and its measured fill rate.
+    pub expected_start: bool,
 }
 
 impl Decisions {
-    pub const ALL: Decisions =
-        Decisions { queue_eviction: true, refill_cost: true, stage_in: true, images: true };
-    pub const NONE: Decisions =
-        Decisions { queue_eviction: false, refill_cost: false, stage_in: false, images: false };
+    pub const ALL: Decisions = Decisions {
+        queue_eviction: true,
+        refill_cost: true,
+        stage_in: true,
+        images: true,
+        expected_start: true,
+    };
+    pub const NONE: Decisions = Decisions {
+        queue_eviction: false,
+        refill_cost: false,
+        stage_in: false,
+        images: false,
+        expected_start: false,
+    };
 }
 
 impl Default for Decisions {
@@ -149,6 +162,8 @@ mod tests {
             reclaimable: 0,
             images: vec![],
             copies: copy.map(|c| (Uuid::from_u128(7), c)).into_iter().collect(),
+            filled: HashMap::new(),
+            fill_rate: None,
         }
     }
 

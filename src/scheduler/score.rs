@@ -1,6 +1,8 @@
 //! Scores: among machines that fit, which is best. Higher wins, compared field by field, so a
 //! complete copy of the run's drives outweighs any amount of free space or resources.
 
+use std::cmp::Reverse;
+
 use super::snapshot::{CopyState, MachineView, Request};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -9,6 +11,11 @@ pub struct Score {
     pub complete: usize,
     /// … with a copy being filled here.
     pub filling: usize,
+    /// Seconds until the data not yet whole here could be, in steps of [`READY_STEP`]: what its
+    /// copies being filled have left and what it has no copy of, at its fill rate. Among
+    /// machines with as many copies, a copy nearer whole or a faster fill starts the worker
+    /// sooner.
+    pub ready_in: Reverse<i64>,
     /// The machine holds the worker's image: the data comes first, as it is larger by far.
     pub image: bool,
     /// Room left for new copies in whole GB, when the run mounts placed drives: finer
@@ -20,13 +27,23 @@ pub struct Score {
 
 const GB: i64 = 1_000_000_000;
 
+/// The step `ready_in` is counted in: estimates closer than this are the same, so room and
+/// resources decide between them.
+pub const READY_STEP: i64 = 60;
+
+/// The fill rate assumed of a machine whose fills were never measured: the same for every such
+/// machine, so it only weighs what is left to fill.
+pub const DEFAULT_FILL_RATE: i64 = 100_000_000;
+
 impl std::fmt::Display for Score {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "complete copies {}, filling {}, ", self.complete, self.filling)?;
+        if self.ready_in.0 > 0 {
+            write!(f, "data ready in {}, ", crate::domain::quantity::human_seconds(self.ready_in.0))?;
+        }
         write!(
             f,
-            "complete copies {}, filling {}, image {}, data room {}, resources {}",
-            self.complete,
-            self.filling,
+            "image {}, data room {}, resources {}",
             if self.image { "held" } else { "to pull" },
             crate::domain::quantity::human_bytes((self.data_free.max(0) * GB) as u64),
             self.resources
@@ -40,16 +57,33 @@ pub fn score(m: &MachineView, r: &Request) -> Score {
     Score {
         complete: count(CopyState::Complete),
         filling: count(CopyState::Filling),
+        ready_in: Reverse(ready_in(m, r)),
         image: m.holds_image(r),
         data_free: if has_placed { (m.data_free.unwrap_or(0) + m.reclaimable) / GB } else { 0 },
         resources: least_allocated(m, r),
     }
 }
 
+/// Seconds, rounded up to [`READY_STEP`], until `r`'s placed drives could all be whole on
+/// `m`: the bytes its copies being filled have left and the whole size of those it has no copy
+/// of, at its fill rate (they share it).
+pub fn ready_in(m: &MachineView, r: &Request) -> i64 {
+    let left: u64 = r
+        .placed()
+        .map(|d| match m.copy_state(d.id) {
+            Some(CopyState::Complete) => 0,
+            _ => d.size_hint.saturating_sub(m.filled.get(&d.id).copied().unwrap_or(0)).max(0) as u64,
+        })
+        .fold(0, u64::saturating_add);
+    let rate = m.fill_rate.filter(|r| *r > 0).unwrap_or(DEFAULT_FILL_RATE) as u64;
+    let steps = left.div_ceil(rate).div_ceil(READY_STEP as u64);
+    i64::try_from(steps).unwrap_or(i64::MAX / READY_STEP) * READY_STEP
+}
+
 /// The most a machine's score `s` for `r` can become later in the same pass: copies only
 /// leave (evicted), resources and data room only shrink as workers are bound, and a copy made
 /// for another worker can turn up as filling, at most for each of the run's drives not whole
-/// here.
+/// here. Such a copy has written nothing, so `ready_in` stays as it is.
 pub fn bound(s: Score, r: &Request) -> Score {
     Score { filling: r.placed().count() - s.complete, ..s }
 }
@@ -89,6 +123,8 @@ mod tests {
             reclaimable: 0,
             images: vec![],
             copies: HashMap::new(),
+            filled: HashMap::new(),
+            fill_rate: None,
         }
     }
 
@@ -148,6 +184,41 @@ mod tests {
     }
 
     #[test]
+    fn among_as_many_copies_the_data_whole_soonest_scores_higher() {
+        let mut d = drive();
+        d.size_hint = 6 * GB;
+        let r = request(vec![d]);
+        let at = |state: Option<CopyState>, written: i64, rate: Option<i64>| {
+            let mut m = machine(4000, 8_000);
+            if let Some(state) = state {
+                m = with_copy(m, state);
+                m.filled.insert(Uuid::from_u128(1), written);
+            }
+            m.fill_rate = rate;
+            m
+        };
+        let slow = Some(10_000_000);
+        // 5 GB left at 10 MB/s: 500 s, 540 in steps of 60. 1 GB left: 100 s, 120.
+        let behind = score(&at(Some(CopyState::Filling), GB, slow), &r);
+        let ahead = score(&at(Some(CopyState::Filling), 5 * GB, slow), &r);
+        assert_eq!((behind.ready_in.0, ahead.ready_in.0), (540, 120));
+        assert!(ahead > behind);
+        // No copy: 6 GB at 1 GB/s is 6 s, 60 in steps; at the default 100 MB/s, 60 s: the same.
+        // At 10 MB/s, 600 s.
+        let fast = score(&at(None, 0, Some(GB)), &r);
+        let unknown = score(&at(None, 0, None), &r);
+        let cold_slow = score(&at(None, 0, slow), &r);
+        assert_eq!((fast.ready_in.0, unknown.ready_in.0, cold_slow.ready_in.0), (60, 60, 600));
+        assert_eq!(fast, unknown);
+        assert!(unknown > cold_slow);
+        // A copy being filled outranks none however slow; a whole one outranks both.
+        assert!(behind > fast);
+        assert!(score(&at(Some(CopyState::Complete), 0, slow), &r) > ahead);
+        // A copy of a size hint larger than what is written of it never makes the time negative.
+        assert_eq!(score(&at(Some(CopyState::Filling), 7 * GB, slow), &r).ready_in.0, 0);
+    }
+
+    #[test]
     fn without_drives_data_space_does_not_count() {
         let r = request(vec![]);
         let mut a = machine(4000, 8_000);
@@ -169,7 +240,7 @@ mod tests {
         );
         assert_eq!(
             score(&holds, &r).to_string(),
-            "complete copies 0, filling 0, image held, data room 0 B, resources 25"
+            "complete copies 0, filling 0, data ready in 1 min, image held, data room 0 B, resources 25"
         );
     }
 }

@@ -204,6 +204,8 @@ mod tests {
             reclaimable: 0,
             images: vec![],
             copies: Default::default(),
+            filled: Default::default(),
+            fill_rate: None,
             cpu_total: 4000,
             memory_total: 8_000,
             cpu_free,

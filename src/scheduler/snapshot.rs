@@ -35,6 +35,10 @@ pub struct MachineView {
     /// The states of its copies of the drives the pass's workers mount, by drive: a pass
     /// weighs no other copy one by one.
     pub copies: HashMap<Uuid, CopyState>,
+    /// Bytes written so far of those of `copies` being filled, where known.
+    pub filled: HashMap<Uuid, i64>,
+    /// How fast its fills write, in bytes a second, as last measured; `None` before one was.
+    pub fill_rate: Option<i64>,
 }
 
 /// A copy as eviction weighs it.

@@ -199,8 +199,9 @@ mod tests {
         assert_eq!((f.workers_reused, f.warm_start_share_reused), (2, 0.5));
         // Preparing 8 GPUs x (100 + 0 + 100) s = 1,600 GPU-s; run 8 x (100 + 100 + 50) = 2,000.
         close(f.preparing_gpu_hour_share, 0.8);
-        // Two fills of 100 GB against the bound of one.
-        assert_eq!((f.fills, f.bytes_filled, f.bytes_lower_bound), (2, 200e9, 100e9));
+        // Two fills of 100 GB against the bound of one: a, b and c never run at once, so one
+        // machine could have held them all in turn.
+        assert_eq!((f.fills, f.bytes_filled, f.bytes_lower_bound, f.bytes_mounted), (2, 200e9, 100e9, 100e9));
         assert_eq!(f.bytes_filled_ratio, 2.0);
         // Waits 0, 100, 100 s: p50 is the 2nd, p99 the 3rd.
         assert_eq!((f.preparing_p50_s, f.preparing_p99_s), (100.0, 100.0));
@@ -211,6 +212,17 @@ mod tests {
         // Busy while runs arrive (0-305 s): a 0-200 s, b 300-305 s; c was bound at 310 s.
         // 8 x (200 + 5) GPU-s of 16 GPUs x 305 s.
         close(f.gpu_busy_share, 1_640.0 / 4_880.0);
+    }
+
+    #[test]
+    fn workers_that_run_at_once_on_a_drive_raise_the_bound_by_a_copy_for_each_machine_they_need() {
+        // a and b (8 GPUs each) arrive together: no machine holds both, so two copies of d are
+        // filled by any placement of that schedule; c (at 300 s) runs alone.
+        let mut trace = by_hand();
+        trace.runs[1].arrival_s = 0.0;
+        let f = simulate(&trace, &Policy::PRODUCT).unwrap();
+        assert_eq!((f.fills, f.bytes_filled, f.bytes_lower_bound, f.bytes_mounted), (2, 200e9, 200e9, 100e9));
+        assert_eq!(f.bytes_filled_ratio, 1.0);
     }
 
     #[test]

@@ -2,6 +2,8 @@
 //! its fills, and the origin's limit is shared among all fills max-min fairly (water-filling:
 //! a fill held below its fair share by its machine leaves the rest to the others).
 
+use std::collections::HashMap;
+
 /// Times in the simulation, milliseconds from the trace's start.
 pub type Ms = i64;
 
@@ -33,6 +35,16 @@ impl Fills {
     pub fn new(origin: f64, bandwidth: Vec<f64>) -> Fills {
         let per_machine = vec![0; bandwidth.len()];
         Fills { origin, bandwidth, per_machine, active: Vec::new(), at: 0, written: 0.0 }
+    }
+
+    /// `machine`'s fill bandwidth, bytes a second.
+    pub fn bandwidth(&self, machine: usize) -> f64 {
+        self.bandwidth[machine]
+    }
+
+    /// Bytes still to write of each fill under way, by (machine, drive), as of [`Fills::at`].
+    pub fn remaining(&self) -> HashMap<(usize, usize), f64> {
+        self.active.iter().map(|f| ((f.machine, f.drive), f.remaining)).collect()
     }
 
     /// Brings every fill's progress up to `now`, at the rates set since the last change.

@@ -18,7 +18,8 @@ pub struct Figures {
     pub warm_start_share_reused: f64,
     /// GPU-hours held by workers in Preparing, over GPU-hours run.
     pub preparing_gpu_hour_share: f64,
-    /// Bytes written by fills, over the lower bound: the sizes of the drives any worker mounted.
+    /// Bytes written by fills, over the fewest any placement of the same schedule could write
+    /// ([`schedule_bound`]).
     pub bytes_filled_ratio: f64,
     pub preparing_p50_s: f64,
     pub preparing_p99_s: f64,
@@ -30,11 +31,17 @@ pub struct Figures {
     pub workers: usize,
     pub workers_placed: usize,
     pub workers_reused: usize,
+    /// Of the reused workers placed cold, those whose drives were all whole on another machine
+    /// then, which had not the resources free: the rest had no whole copy anywhere.
+    pub cold_beside_warm: u64,
     /// Workers never placed: no machine could ever take them.
     pub workers_never_placed: usize,
     pub runs_started: usize,
     pub bytes_filled: f64,
     pub bytes_lower_bound: f64,
+    /// The sizes of the drives any worker mounted: each was filled at least once, whatever the
+    /// policy and its schedule.
+    pub bytes_mounted: f64,
     pub fills: u64,
     /// Of `fills`, those of copies filled ahead for queued runs (stage-in).
     pub staged: u64,
@@ -73,7 +80,8 @@ impl Figures {
             .sum();
         let mounted: BTreeSet<usize> =
             placed.iter().flat_map(|w| world.runs[w.run].drives.iter().copied()).collect();
-        let bound: f64 = mounted.iter().map(|d| world.drives[*d].size as f64).sum();
+        let mounted: f64 = mounted.iter().map(|d| world.drives[*d].size as f64).sum();
+        let bound = schedule_bound(world);
         let started: Vec<Ms> = world.runs.iter().filter_map(|r| Some(r.all_started? - r.arrival)).collect();
         let total_gpus: i64 = world.machines.iter().map(|m| m.gpus).sum();
         let span = world.runs.last().map_or(0, |r| r.arrival);
@@ -105,10 +113,12 @@ impl Figures {
             workers: world.workers.len(),
             workers_placed: placed.len(),
             workers_reused: reused.len(),
+            cold_beside_warm: world.cold_beside_warm,
             workers_never_placed: world.workers.len() - placed.len(),
             runs_started: started.len(),
             bytes_filled: world.fills.written,
             bytes_lower_bound: bound,
+            bytes_mounted: mounted,
             fills: world.fills_started,
             staged: world.staged_total,
             gpu_busy_share: if offered == 0.0 { 0.0 } else { held / offered },
@@ -119,6 +129,47 @@ impl Figures {
             whole_passes: work.whole,
         }
     }
+}
+
+/// The fewest bytes any placement of the world's schedule (each worker's start and end as they
+/// were) could have filled: a worker runs on a whole copy of each drive it mounts, and a machine
+/// holds at most the largest machine's GPUs, cores and memory, so while workers mounting a
+/// drive run, at least as many machines hold a whole copy of it as those figures need; each
+/// such copy was filled once at least.
+pub fn schedule_bound(world: &World) -> f64 {
+    let most = |f: fn(&super::world::Machine) -> i64| world.machines.iter().map(f).max().unwrap_or(1).max(1);
+    let size = (most(|m| m.gpus), most(|m| m.cpu_millis), most(|m| m.memory_bytes));
+    // Per drive: (when, +1 starts or -1 ends, the worker's charge), ends first at the same instant.
+    let mut changes: Vec<Vec<(Ms, i8, usize)>> = vec![Vec::new(); world.drives.len()];
+    for (i, w) in world.workers.iter().enumerate() {
+        if !matches!(w.state, State::Running | State::Ended) {
+            continue;
+        }
+        let end = w.started + world.runs[w.run].durations[w.index];
+        for &d in &world.runs[w.run].drives {
+            changes[d].push((w.started, 1, i));
+            changes[d].push((end, -1, i));
+        }
+    }
+    let mut bytes = 0.0;
+    for (d, mut list) in changes.into_iter().enumerate() {
+        list.sort_unstable();
+        let (mut held, mut most_machines) = ((0i64, 0i64, 0i64, 0i64), 0i64);
+        for (_, sign, i) in list {
+            let c = &world.workers[i].charge;
+            let s = i64::from(sign);
+            held = (held.0 + s, held.1 + s * c.gpus, held.2 + s * c.cpu_millis, held.3 + s * c.memory_bytes);
+            let up = |n: i64, per: i64| (n.max(0) as u64).div_ceil(per as u64) as i64;
+            let machines = [up(held.1, size.0), up(held.2, size.1), up(held.3, size.2)]
+                .into_iter()
+                .max()
+                .unwrap_or(0)
+                .max(i64::from(held.0 > 0));
+            most_machines = most_machines.max(machines);
+        }
+        bytes += most_machines as f64 * world.drives[d].size as f64;
+    }
+    bytes
 }
 
 /// The nearest-rank percentile of sorted `values`, in seconds.

@@ -29,6 +29,7 @@ pub const POLICIES: &[Named] = &[
     ("astraeus_no_stage_in", |_| product(|d| d.stage_in = false)),
     ("astraeus_no_queue_eviction", |_| product(|d| d.queue_eviction = false)),
     ("astraeus_no_refill_cost", |_| product(|d| d.refill_cost = false)),
+    ("astraeus_no_expected_start", |_| product(|d| d.expected_start = false)),
     ("random", |seed| baseline(Scoring::Random { seed })),
     ("image_locality", |_| baseline(Scoring::ImageLocality)),
 ];

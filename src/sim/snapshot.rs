@@ -75,7 +75,8 @@ impl Views {
         let machines = world
             .machines
             .iter()
-            .map(|m| MachineView {
+            .enumerate()
+            .map(|(i, m)| MachineView {
                 id: m.id,
                 name: m.name.clone(),
                 cluster: CLUSTER.into(),
@@ -92,6 +93,9 @@ impl Views {
                 reclaimable: m.reclaimable,
                 images: Vec::new(),
                 copies: HashMap::new(),
+                filled: HashMap::new(),
+                // The product learns it from the first fill; the simulation knows it.
+                fill_rate: Some(world.fills.bandwidth(i) as i64),
             })
             .collect();
         Views { snapshot: Snapshot { machines, ..Snapshot::default() }, shown: BTreeSet::new(), shortcuts }
@@ -162,11 +166,13 @@ impl Views {
         // Copies only of the drives the batch mounts, as the shell reads them.
         for m in std::mem::take(&mut self.shown) {
             s.machines[m].copies.clear();
+            s.machines[m].filled.clear();
         }
         let mut runs: Vec<usize> = batch.iter().map(|w| world.workers[*w].run).collect();
         runs.dedup();
         let drives: BTreeSet<usize> =
             runs.iter().flat_map(|r| world.runs[*r].drives.iter().copied()).collect();
+        let remaining = world.fills.remaining();
         for d in drives {
             for &m in &world.holders[d] {
                 if !(whole || self.shortcuts.unfit_copies || s.machines[m].ready) {
@@ -174,6 +180,9 @@ impl Views {
                 }
                 let state = world.machines[m].copies[&d].state;
                 s.machines[m].copies.insert(id(d), state);
+                if let Some(left) = remaining.get(&(m, d)) {
+                    s.machines[m].filled.insert(id(d), world.drives[d].size - *left as i64);
+                }
                 self.shown.insert(m);
             }
         }

@@ -129,6 +129,9 @@ pub struct World {
     pub fills_started: u64,
     /// Copies filled ahead for queued runs, in all.
     pub staged_total: u64,
+    /// Workers bound where a drive was not whole, whose drives were all whole on some other
+    /// machine then: that machine had no room for them.
+    pub cold_beside_warm: u64,
 }
 
 /// What a worker asks of a machine: GPUs, cpu millis, memory bytes.
@@ -248,6 +251,7 @@ impl World {
             evictions: 0,
             fills_started: 0,
             staged_total: 0,
+            cold_beside_warm: 0,
         }
     }
 
@@ -290,6 +294,16 @@ impl World {
 
     /// Binds a Pending worker to `machine`, taking `charge`; the copies of its drives must be
     /// there (whole or being filled). It starts at once when `released`.
+    /// Whether some machine holds a whole copy of every drive `run` mounts.
+    fn warm_anywhere(&self, run: usize) -> bool {
+        let drives = &self.runs[run].drives;
+        let Some(first) = drives.first() else { return true };
+        self.holders[*first].iter().any(|m| {
+            let copies = &self.machines[*m].copies;
+            drives.iter().all(|d| copies.get(d).is_some_and(|c| c.state == CopyState::Complete))
+        })
+    }
+
     pub fn bind(
         &mut self,
         worker: usize,
@@ -326,6 +340,9 @@ impl World {
         anyhow::ensure!(whole == released, "worker {worker} released {released} with copies whole {whole}");
         let reused =
             self.runs[run].drives.iter().all(|d| self.drives[*d].first_started.is_some_and(|t| t <= now));
+        if reused && !released && self.warm_anywhere(run) {
+            self.cold_beside_warm += 1;
+        }
         let w = &mut self.workers[worker];
         w.state = State::Preparing;
         w.machine = machine;

@@ -205,6 +205,8 @@ pub struct PlacementTotals {
     pub promised: i64,
     /// What evicting the whole, evictable copies that no live worker mounts would free.
     pub reclaimable: i64,
+    /// How fast the copy whose fill was measured last wrote, in bytes a second.
+    pub fill_rate: Option<i64>,
 }
 
 /// The totals of every machine with copies, or of those on `machines`: one row a machine,
@@ -221,7 +223,9 @@ pub async fn totals_for_placement(
             COALESCE(sum(greatest(c.size_hint - c.bytes, 0)) FILTER (WHERE c.state = 'Filling'), 0)::bigint
                 AS promised,
             COALESCE(sum(c.bytes) FILTER (WHERE c.evictable AND c.state = 'Complete' AND u.machine_id IS NULL), 0)::bigint
-                AS reclaimable
+                AS reclaimable,
+            (array_agg(c.fill_rate ORDER BY c.bytes_at DESC NULLS LAST) FILTER (WHERE c.fill_rate > 0))[1]
+                AS fill_rate
          FROM copies c LEFT JOIN ({}) u ON u.machine_id = c.machine_id AND u.drive_id = c.drive_id{}
          GROUP BY c.machine_id",
         in_use(&on("w.machine_id"), &on("machine_id")),
@@ -234,14 +238,14 @@ pub async fn totals_for_placement(
 }
 
 /// The states of the copies of `drives`, on every machine or on `machines`: `(drive, machine,
-/// state)`. A pass weighs copies only of the drives its workers mount.
+/// state, bytes)`. A pass weighs copies only of the drives its workers mount.
 pub async fn states_for_placement(
     db: impl PgExecutor<'_>,
     drives: &[Uuid],
     machines: Option<&[Uuid]>,
-) -> sqlx::Result<Vec<(Uuid, Uuid, CopyState)>> {
+) -> sqlx::Result<Vec<(Uuid, Uuid, CopyState, i64)>> {
     let sql = format!(
-        "SELECT drive_id, machine_id, state FROM copies WHERE drive_id = ANY($1){}",
+        "SELECT drive_id, machine_id, state, bytes FROM copies WHERE drive_id = ANY($1){}",
         machines.map_or("", |_| " AND machine_id = ANY($2)")
     );
     let query = sqlx::query_as(&sql).bind(drives);
@@ -411,6 +415,11 @@ pub async fn reconcile(
                    AND dr.id = r.reported_id),
          up AS (UPDATE copies c SET bytes = d.bytes,
                     bytes_at = CASE WHEN d.bytes <> c.bytes THEN now() ELSE c.bytes_at END,
+                    fill_rate = CASE WHEN d.bytes > c.bytes AND c.progress_at < now() - make_interval(secs => $6)
+                                          AND c.bytes_at > c.progress_at AND c.bytes > c.progress_bytes
+                                     THEN ((c.bytes - c.progress_bytes)
+                                           / extract(epoch FROM c.bytes_at - c.progress_at))::bigint
+                                     ELSE c.fill_rate END,
                     progress_bytes = CASE WHEN d.bytes < c.bytes THEN 0
                                           WHEN d.bytes > c.bytes AND (c.progress_at IS NULL
                                                OR c.progress_at < now() - make_interval(secs => $6))

@@ -93,3 +93,95 @@ async fn a_filling_copy_shows_its_rate_and_time_left_after_two_heartbeats(db: sq
     let machine = app.get("/machines/gpu-01").await.json();
     assert_eq!(machine["copies"][0].get("progress"), None, "{machine}");
 }
+
+/// Joins `name` with its data location confirmed and 1 TB free; its credential.
+async fn join_with_room(app: &TestApp, name: &str) -> String {
+    let credential = app.join_machine(name, 4).await;
+    let admin = app.token_for("default", astraeus::domain::role::Role::Admin, true).await;
+    let confirm = json!({"path": "/var/lib/astraeus"});
+    let path = format!("/machines/{name}/data-location");
+    let reply = app.request(reqwest::Method::POST, &path, Some(&admin), Some(&confirm)).await;
+    assert_eq!(reply.status, 200, "{}", reply.text);
+    sqlx::query("UPDATE machines SET data_total_bytes = 1e12, data_free_bytes = 1e12 WHERE name = $1")
+        .bind(name)
+        .execute(&app.db)
+        .await
+        .unwrap();
+    credential
+}
+
+#[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
+async fn a_worker_goes_where_its_copy_being_filled_will_be_whole_soonest(db: sqlx::PgPool) {
+    let app = spawn_app(db).await;
+    let gpu01 = join_with_room(&app, "gpu-01").await;
+    let gpu02 = join_with_room(&app, "gpu-02").await;
+    let created = app.create_drive(&recipe_drive()).await;
+    let drive: Uuid = created.json()["metadata"]["uid"].as_str().unwrap().parse().unwrap();
+    for machine in ["gpu-01", "gpu-02"] {
+        let id: Uuid = sqlx::query_scalar("SELECT id FROM machines WHERE name = $1")
+            .bind(machine)
+            .fetch_one(&app.db)
+            .await
+            .unwrap();
+        astraeus::store::copies::ensure_for(&app.db, drive, id).await.unwrap();
+    }
+    // Both copies of 6 GB are being filled at 10 MB/s: gpu-01 has 5 GB left, 500 s (9 min in
+    // steps of a minute), gpu-02 1 GB, 100 s (2 min). Without the estimate gpu-01, first by
+    // name, would win.
+    beat(&app, &gpu01, drive, GB, false).await;
+    beat(&app, &gpu02, drive, 5 * GB, false).await;
+    sqlx::query("UPDATE copies SET fill_rate = 10000000").execute(&app.db).await.unwrap();
+
+    assert_eq!(app.create_run(&recipe_run()).await.status, 201);
+    assert_eq!(astraeus::scheduler::tick(&app.db).await.unwrap(), 1);
+    let worker = app.get("/workers/inspect-food101-0").await.json();
+    assert_eq!(worker["status"]["machine"], "gpu-02", "{worker}");
+    let events = app.get("/events?object=worker/inspect-food101-0").await.json();
+    let message = events["items"][0]["message"].as_str().unwrap();
+    assert!(
+        message.contains("placed on gpu-02 (complete copies 0, filling 1, data ready in 2 min,"),
+        "{message}"
+    );
+    assert!(
+        message.contains("runner-up gpu-01 (complete copies 0, filling 1, data ready in 9 min,"),
+        "{message}"
+    );
+}
+
+#[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
+async fn a_copys_fill_rate_is_kept_from_its_heartbeats_once_it_is_whole(db: sqlx::PgPool) {
+    let app = spawn_app(db).await;
+    let credential = app.join_machine("gpu-01", 1).await;
+    let created = app.create_drive(&recipe_drive()).await;
+    let drive: Uuid = created.json()["metadata"]["uid"].as_str().unwrap().parse().unwrap();
+    let machine: Uuid =
+        sqlx::query_scalar("SELECT id FROM machines WHERE name = 'gpu-01'").fetch_one(&app.db).await.unwrap();
+    astraeus::store::copies::ensure_for(&app.db, drive, machine).await.unwrap();
+    let rate = async || -> Option<i64> {
+        sqlx::query_scalar("SELECT fill_rate FROM copies").fetch_one(&app.db).await.unwrap()
+    };
+
+    // 1 GB, then 3 GB: the first observation becomes the sample; no rate yet.
+    beat(&app, &credential, drive, GB, false).await;
+    beat(&app, &credential, drive, 3 * GB, false).await;
+    assert_eq!(rate().await, None);
+    // The sample (1 GB) 60 s old, the last change (3 GB) 40 s old: the next new bytes take a new
+    // sample and measure (3 GB - 1 GB) / 20 s = 100 MB/s.
+    sqlx::query("UPDATE copies SET progress_at = now() - interval '60 seconds', bytes_at = now() - interval '40 seconds'")
+        .execute(&app.db)
+        .await
+        .unwrap();
+    beat(&app, &credential, drive, 4 * GB, false).await;
+    assert_eq!(rate().await, Some(100_000_000));
+    // The sample just taken is 3 GB, 40 s before 4 GB was reported: with the last bytes the
+    // copy is whole and measured once more, (4 GB - 3 GB) / 40 s = 25 MB/s.
+    sqlx::query("UPDATE copies SET progress_at = bytes_at - interval '40 seconds'")
+        .execute(&app.db)
+        .await
+        .unwrap();
+    beat(&app, &credential, drive, 6 * GB, true).await;
+    assert_eq!(rate().await, Some(25_000_000));
+    // Whole, the rate stays, for placement to weigh the machine's next fill.
+    beat(&app, &credential, drive, 6 * GB, true).await;
+    assert_eq!(rate().await, Some(25_000_000));
+}

@@ -163,7 +163,14 @@ mod tests {
     use super::*;
 
     fn copy(drive: &str, bytes: u64, complete: bool) -> CopyReport {
-        CopyReport { drive: drive.into(), drive_id: None, bytes, complete, last_used_at: None }
+        CopyReport {
+            drive: drive.into(),
+            drive_id: None,
+            bytes,
+            complete,
+            last_used_at: None,
+            manifest: None,
+        }
     }
 
     fn answer() -> Known {

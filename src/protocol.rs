@@ -91,6 +91,10 @@ pub struct CopyReport {
     /// Whether `.astralyx-filled` is present.
     pub complete: bool,
     pub last_used_at: Option<DateTime<Utc>>,
+    /// The digest (BLAKE3, hex) of the copy's manifest, once the agent has made it: what a peer
+    /// receiving the copy checks the manifest it is sent against.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub manifest: Option<String>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -232,4 +236,28 @@ pub struct LogLineIn {
 
 fn default_pool() -> Name {
     Name::parse("default").expect("a valid name")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_copy_report_takes_a_manifest_digest_and_goes_without_one() {
+        let digest = "a".repeat(64);
+        let with = format!(
+            r#"{{"drive":"default.food101","bytes":1,"complete":true,"last_used_at":null,"manifest":"{digest}"}}"#
+        );
+        let copy: CopyReport = serde_json::from_str(&with).unwrap();
+        assert_eq!(copy.manifest.as_deref(), Some(digest.as_str()));
+        let without: CopyReport = serde_json::from_str(
+            r#"{"drive":"default.food101","bytes":1,"complete":true,"last_used_at":null}"#,
+        )
+        .unwrap();
+        assert_eq!(without.manifest, None);
+        // Absent, it is not sent: a server that does not know the field still takes the report.
+        assert!(!serde_json::to_string(&without).unwrap().contains("manifest"));
+        let other = with.replace("manifest", "manifests");
+        assert!(serde_json::from_str::<CopyReport>(&other).is_err(), "unknown fields are still refused");
+    }
 }

@@ -6,7 +6,8 @@
 //! through that descriptor (`/proc/self/fd/N/<folder>`), so no link, at any depth, leads a
 //! listing or a removal out of the data location.
 //!
-//! A heartbeat reads copies' sizes from what the measurer last found (`sizes`), never walks.
+//! A heartbeat reads copies' sizes from what the measurer last found (`sizes`), and their
+//! manifests' digests from memory (`manifest::keep`): it never walks.
 //!
 //! A copy's folder is named after its drive, and a drive deleted and made again has the same
 //! name: each folder therefore holds [`COPY_ID`], the id of the drive it was made for, written
@@ -21,9 +22,10 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Component, Path, PathBuf};
 use std::sync::Mutex;
 
-use rustix::fs::{CWD, Mode, OFlags};
+use rustix::fs::{AtFlags, CWD, FileType, Mode, OFlags};
 use uuid::Uuid;
 
+use super::manifest::{self, Manifests};
 use super::mounts;
 use super::sizes::Sizes;
 use crate::protocol::{CopyReport, DataUsage, HeartbeatRequest};
@@ -42,10 +44,10 @@ static FOLDERS: Mutex<()> = Mutex::new(());
 /// with a dot), so it is not listed or reported while its removal runs.
 const DELETING: &str = ".deleting-";
 
-/// What a heartbeat says about `dir`: its usage and each copy's marker and latest known bytes
-/// (0 for a copy not measured yet). It costs a step per copy, not per file.
-pub fn report(dir: &Path, sizes: &Sizes) -> HeartbeatRequest {
-    let copies = copies(dir, sizes);
+/// What a heartbeat says about `dir`: its usage and each copy's marker, latest known bytes (0
+/// for a copy not measured yet) and manifest's digest. It costs a step per copy, not per file.
+pub fn report(dir: &Path, sizes: &Sizes, manifests: &Manifests) -> HeartbeatRequest {
+    let copies = copies(dir, sizes, manifests);
     let used_bytes = copies.iter().map(|c| c.bytes).sum();
     let (total_bytes, free_bytes) = match rustix::fs::statvfs(dir) {
         Ok(s) => (s.f_blocks * s.f_frsize, s.f_bavail * s.f_frsize),
@@ -83,7 +85,7 @@ pub fn accept_location(own: &Path, offered: &str) -> Result<PathBuf, String> {
     Ok(path.to_path_buf())
 }
 
-fn copies(dir: &Path, sizes: &Sizes) -> Vec<CopyReport> {
+fn copies(dir: &Path, sizes: &Sizes, manifests: &Manifests) -> Vec<CopyReport> {
     let Some(drives) = open_drives(dir) else { return vec![] };
     let root = through(&drives);
     copy_folders(&drives)
@@ -93,7 +95,9 @@ fn copies(dir: &Path, sizes: &Sizes) -> Vec<CopyReport> {
             let complete = std::fs::symlink_metadata(marker).is_ok_and(|m| m.is_file());
             let bytes = sizes.get(&drive).unwrap_or(0);
             let drive_id = copy_id(&drives, &drive);
-            CopyReport { drive, drive_id, bytes, complete, last_used_at: None }
+            let manifest = complete.then(|| manifests.digest(&drive, drive_id)).flatten();
+            let manifest = manifest.map(|digest| digest.to_string());
+            CopyReport { drive, drive_id, bytes, complete, last_used_at: None, manifest }
         })
         .collect()
 }
@@ -111,7 +115,7 @@ pub(super) fn copy_folders(drives: &OwnedFd) -> Vec<String> {
 }
 
 /// A plain name of an entry in `drives/`: no separator, not `.` or `..`.
-fn plain(folder: &str) -> bool {
+pub(super) fn plain(folder: &str) -> bool {
     !(folder.is_empty() || folder.contains('/') || folder == "." || folder == "..")
 }
 
@@ -125,6 +129,14 @@ fn copy_id(drives: &OwnedFd, folder: &str) -> Option<Uuid> {
     // An id is 36 characters: a larger file is not one.
     std::fs::File::from(file).take(64).read_to_string(&mut text).ok()?;
     Uuid::try_parse(text.trim()).ok()
+}
+
+/// The drive whose complete copy `folder` holds: its marker is a file and it names its drive.
+pub(super) fn complete_copy(drives: &OwnedFd, folder: &str) -> Option<Uuid> {
+    let fd = open_folder(drives, folder)?;
+    let marker = rustix::fs::statat(&fd, MARKER, AtFlags::SYMLINK_NOFOLLOW).ok()?;
+    let complete = FileType::from_raw_mode(marker.st_mode) == FileType::RegularFile;
+    complete.then(|| copy_id(drives, folder)).flatten()
 }
 
 fn open_folder(drives: &OwnedFd, folder: &str) -> Option<OwnedFd> {
@@ -153,9 +165,9 @@ fn remove_aside(drives: &OwnedFd, aside: &str) {
     }
 }
 
-/// Removes copies the server no longer wants, each only while its folder still holds the drive
-/// id this agent reported for it (`reported`, by folder): a folder the report did not list, or
-/// one made since for another drive of the same name, is left alone.
+/// Removes copies the server no longer wants, with their manifests, each only while its folder
+/// still holds the drive id this agent reported for it (`reported`, by folder): a folder the
+/// report did not list, or one made since for another drive of the same name, is left alone.
 pub fn delete_copies(dir: &Path, folders: &[String], reported: &HashMap<String, Option<Uuid>>) {
     let Some(drives) = open_drives(dir) else { return };
     for folder in folders {
@@ -173,7 +185,9 @@ pub fn delete_copies(dir: &Path, folders: &[String], reported: &HashMap<String, 
                 tracing::info!(folder, "not deleting a copy made again since it was reported");
                 continue;
             }
-            rename_aside(&drives, folder)
+            let aside = rename_aside(&drives, folder);
+            manifest::keep::remove(&drives, folder);
+            aside
         };
         if let Some(aside) = aside {
             remove_aside(&drives, &aside);
@@ -235,7 +249,10 @@ pub(super) mod tests {
 
     /// Deletes `folder` as the server would answer a heartbeat reporting it now.
     pub(in crate::agent) fn delete_reported(dir: &Path, folder: &str) {
-        let reported = report(dir, &Sizes::default()).copies.into_iter().map(|c| (c.drive, c.drive_id));
+        let reported = report(dir, &Sizes::default(), &Manifests::default())
+            .copies
+            .into_iter()
+            .map(|c| (c.drive, c.drive_id));
         delete_copies(dir, &[folder.to_owned()], &reported.collect());
     }
 
@@ -255,14 +272,14 @@ pub(super) mod tests {
         Measurer::default().pass(dir.path(), &sizes, 100);
         assert_eq!(sizes.get("default.food101"), Some(3), "the drive id is not counted as data");
         std::fs::write(folder.join(MARKER), "").unwrap();
-        let copy = &report(dir.path(), &Sizes::default()).copies[0];
+        let copy = &report(dir.path(), &Sizes::default(), &Manifests::default()).copies[0];
         assert_eq!((copy.drive_id, copy.complete), (Some(old), true));
         // The same drive's fill again (a retry) keeps what it wrote.
         assert!(fill_folder(dir.path(), "default.food101", old, me).unwrap().join("old").exists());
 
         let folder = fill_folder(dir.path(), "default.food101", new, me).unwrap();
         assert!(!folder.join("old").exists() && !folder.join(MARKER).exists());
-        let copy = &report(dir.path(), &Sizes::default()).copies[0];
+        let copy = &report(dir.path(), &Sizes::default(), &Manifests::default()).copies[0];
         assert_eq!((copy.drive_id, copy.complete), (Some(new), false));
         assert!(holds(dir.path(), "default.food101", new) && !holds(dir.path(), "default.food101", old));
         assert_eq!(entries(dir.path()), ["default.food101"], "nothing is left aside");
@@ -273,7 +290,7 @@ pub(super) mod tests {
         let dir = tempfile::tempdir().unwrap();
         std::fs::create_dir_all(dir.path().join("drives/default.food101")).unwrap();
         std::fs::write(dir.path().join("drives/default.food101").join(MARKER), "").unwrap();
-        let copy = &report(dir.path(), &Sizes::default()).copies[0];
+        let copy = &report(dir.path(), &Sizes::default(), &Manifests::default()).copies[0];
         assert_eq!((copy.drive_id, copy.complete), (None, true));
         assert!(!holds(dir.path(), "default.food101", Uuid::now_v7()));
         // An id file that is a link is not read.
@@ -290,8 +307,10 @@ pub(super) mod tests {
         let dir = tempfile::tempdir().unwrap();
         let me = rustix::process::getuid().as_raw();
         fill_folder(dir.path(), "default.food101", Uuid::now_v7(), me).unwrap();
-        let reported =
-            report(dir.path(), &Sizes::default()).copies.into_iter().map(|c| (c.drive, c.drive_id));
+        let reported = report(dir.path(), &Sizes::default(), &Manifests::default())
+            .copies
+            .into_iter()
+            .map(|c| (c.drive, c.drive_id));
         let reported: HashMap<_, _> = reported.collect();
         let new = Uuid::now_v7();
         fill_folder(dir.path(), "default.food101", new, me).unwrap();
@@ -314,20 +333,20 @@ pub(super) mod tests {
         std::fs::create_dir_all(&copy).unwrap();
         std::fs::write(copy.join("a.parquet"), vec![0u8; 1000]).unwrap();
         let sizes = Sizes::default();
-        let r = report(dir.path(), &sizes);
+        let r = report(dir.path(), &sizes, &Manifests::default());
         assert_eq!(r.copies[0].bytes, 0, "not measured yet");
         Measurer::default().pass(dir.path(), &sizes, 100);
-        let r = report(dir.path(), &sizes);
+        let r = report(dir.path(), &sizes, &Manifests::default());
         assert_eq!(r.copies.len(), 1);
         assert_eq!(
             (r.copies[0].drive.as_str(), r.copies[0].bytes, r.copies[0].complete),
             ("default.food101", 1000, false)
         );
         std::fs::write(dir.path().join("drives/default.food101").join(MARKER), b"").unwrap();
-        assert!(report(dir.path(), &sizes).copies[0].complete);
+        assert!(report(dir.path(), &sizes, &Manifests::default()).copies[0].complete);
         assert!(r.data_location.total_bytes > 0);
         delete_reported(dir.path(), "default.food101");
-        assert!(report(dir.path(), &sizes).copies.is_empty());
+        assert!(report(dir.path(), &sizes, &Manifests::default()).copies.is_empty());
     }
 
     #[test]
@@ -337,7 +356,7 @@ pub(super) mod tests {
         std::fs::create_dir(victim.path().join("default.etc")).unwrap();
         std::fs::write(victim.path().join("default.etc/passwd"), "root").unwrap();
         std::os::unix::fs::symlink(victim.path(), dir.path().join("drives")).unwrap();
-        assert!(report(dir.path(), &Sizes::default()).copies.is_empty());
+        assert!(report(dir.path(), &Sizes::default(), &Manifests::default()).copies.is_empty());
         delete_copies(dir.path(), &["default.etc".into()], &HashMap::from([("default.etc".into(), None)]));
         assert!(victim.path().join("default.etc/passwd").exists());
     }

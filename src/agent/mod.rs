@@ -10,6 +10,7 @@ pub mod disk;
 pub mod gpus;
 pub mod host;
 pub mod images;
+pub mod manifest;
 pub mod mounts;
 pub mod output;
 pub mod podman;
@@ -166,13 +167,17 @@ pub async fn run(config: Config, stop: CancellationToken) -> anyhow::Result<()> 
     tracing::info!(machine = %joined.machine, cluster = %joined.cluster, "joined");
     let shared = Arc::new(Shared::default());
     let sizes = Arc::new(sizes::Sizes::default());
+    let manifests = Arc::new(manifest::Manifests::default());
     let measurer = tokio::spawn(measure_loop(config.clone(), shared.clone(), sizes.clone(), stop.clone()));
+    let manifester =
+        tokio::spawn(manifest_loop(config.clone(), shared.clone(), manifests.clone(), stop.clone()));
     let heartbeat = tokio::spawn(heartbeat_loop(
         client.clone(),
         config.clone(),
         machine.clone(),
         shared.clone(),
         sizes,
+        manifests.clone(),
         stop.clone(),
     ));
     let images = tokio::spawn({
@@ -180,10 +185,11 @@ pub async fn run(config: Config, stop: CancellationToken) -> anyhow::Result<()> 
         let keep_free = config.runtime.image_keep_free_bytes;
         async move { images::watch(&machine.podman, &machine.images, keep_free, stop).await }
     });
-    let result = assignment_loop(client, machine, found, shared, stop.clone()).await;
+    let result = assignment_loop(client, machine, found, shared, manifests, stop.clone()).await;
     stop.cancel();
     let _ = heartbeat.await;
     let _ = measurer.await;
+    let _ = manifester.await;
     let _ = images.await;
     result
 }
@@ -220,20 +226,42 @@ async fn measure_loop(
     }
 }
 
+/// Makes the manifests of complete copies that lack one, a copy a pass: soon again while one
+/// still lacks it, once a heartbeat interval otherwise. A pass may take minutes: it holds up
+/// neither heartbeats nor workers.
+async fn manifest_loop(
+    config: Config,
+    shared: Arc<Shared>,
+    manifests: Arc<manifest::Manifests>,
+    stop: CancellationToken,
+) {
+    loop {
+        let (dir, kept, halt) = (location(&config, &shared), manifests.clone(), stop.clone());
+        let pass = tokio::task::spawn_blocking(move || manifest::keep::pass(&kept, &dir, &halt)).await;
+        let Ok(more) = pass else { return };
+        let pause = if more { Duration::from_millis(50) } else { config.heartbeat_interval };
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(pause) => {}
+        }
+    }
+}
+
 async fn heartbeat_loop(
     client: Client,
     config: Config,
     machine: Arc<Machine>,
     shared: Arc<Shared>,
     sizes: Arc<sizes::Sizes>,
+    manifests: Arc<manifest::Manifests>,
     stop: CancellationToken,
 ) {
     // The images the server was last told of.
     let mut told: Option<Vec<crate::protocol::ImageReport>> = None;
     loop {
-        let (dir, known) = (location(&config, &shared), sizes.clone());
+        let (dir, known, kept) = (location(&config, &shared), sizes.clone(), manifests.clone());
         let mut report =
-            tokio::task::spawn_blocking(move || disk::report(&dir, &known)).await.unwrap_or_default();
+            tokio::task::spawn_blocking(move || disk::report(&dir, &known, &kept)).await.unwrap_or_default();
         report.data_location.reserve_bytes = config.data_reserve_bytes;
         if let Some(list) = machine.images.latest()
             && told.as_ref() != Some(&list)
@@ -279,6 +307,7 @@ async fn assignment_loop(
     machine: Arc<Machine>,
     found: Vec<Found>,
     shared: Arc<Shared>,
+    manifests: Arc<manifest::Manifests>,
     stop: CancellationToken,
 ) -> anyhow::Result<()> {
     let mut running: HashMap<Uuid, CancellationToken> = HashMap::new();
@@ -339,11 +368,14 @@ async fn assignment_loop(
             let token = stop.child_token();
             running.insert(*id, token.clone());
             let found = adopted.remove(id);
+            // Taken here, not in the task: the manifests may be made once this answer is acted on.
+            let hold = manifests.hold(data.as_deref(), a);
             let (client, machine, data, finished, a) =
                 (client.clone(), machine.clone(), data.clone(), finished.clone(), (*a).clone());
             let id = *id;
             workers.spawn(async move {
                 worker::run(&client, &machine, a, data, found, token).await;
+                drop(hold);
                 finished.lock().expect("not poisoned").push(id);
             });
         }
@@ -353,6 +385,8 @@ async fn assignment_loop(
             machine.podman.stop(&f.id).await;
             worker::cleanup(&machine, worker, Some(&f.id), &[]).await;
         }
+        // Every container still running is a worker held above.
+        manifests.settle();
     }
     stop_all(&running, &workers).await;
     Ok(())

@@ -204,7 +204,7 @@ mod tests {
         let first = m.pass(dir.path(), &sizes, BUDGET);
         assert_eq!(first, Pass { visited: BUDGET, unfinished: true });
         // The heartbeat's report, made while the walk is unfinished, reads only what is known.
-        let report = disk::report(dir.path(), &sizes);
+        let report = disk::report(dir.path(), &sizes, &Default::default());
         assert_eq!(report.copies.len(), 1);
         let c = &report.copies[0];
         assert_eq!((c.drive.as_str(), c.bytes, c.complete), ("default.many", 0, true));
@@ -212,7 +212,7 @@ mod tests {
         // 200,000 files, 200 folders, `weights` and the marker: 200,202 entries, 10,000 a pass.
         let rest = settle(&mut m, dir.path(), &sizes, BUDGET);
         assert_eq!(1 + rest, 200_202usize.div_ceil(BUDGET));
-        assert_eq!(disk::report(dir.path(), &sizes).copies[0].bytes, 4096);
+        assert_eq!(disk::report(dir.path(), &sizes, &Default::default()).copies[0].bytes, 4096);
     }
 
     #[test]

@@ -257,6 +257,7 @@ impl Fleet {
                 bytes: COPY_BYTES,
                 complete: true,
                 last_used_at: None,
+                manifest: None,
             })
             .collect();
         let used = COPY_BYTES * copies.len() as u64;

@@ -1,0 +1,453 @@
+//! Where the agent keeps its copies' manifests, and when it makes them.
+//!
+//! A manifest lives out of its copy, in `drives/.manifests/<folder>.jsonl`: a fill has its copy
+//! read-write at /drive and could write one there of its own choosing. (`copy_folders` skips
+//! names that start with a dot, and no drive's folder is named so.) It is written to a temporary
+//! file and renamed in, names in its header the drive the copy was made for, and is removed with
+//! its copy, once the copy is no longer complete, or when the folder is made for another drive.
+//!
+//! A manifest is made for a complete copy only while no worker of this agent mounts it
+//! read-write, one copy at a time, off the heartbeat's path ([`pass`]). A worker that mounts a
+//! copy read-write is [`Manifests::hold`]ed before it starts: the copy's manifest is removed, one
+//! being made is discarded, and none is made again until the worker has ended. Heartbeats read
+//! the digests from memory ([`Manifests::digest`]), never from the files.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs::File;
+use std::io::{self, BufRead, BufReader, BufWriter, Read};
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use rustix::fs::{AtFlags, Dir, Mode, OFlags};
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use super::build::{STOPPED, build_at};
+use super::{Digest, Header, walk};
+use crate::agent::disk;
+use crate::protocol::{Assignment, MountSource};
+
+/// The agent's folder of manifests in `drives/`.
+pub const FOLDER: &str = ".manifests";
+/// What a manifest being written is named first; removed by the next pass if left behind.
+const TEMP: &str = ".tmp-";
+const SUFFIX: &str = ".jsonl";
+
+/// The manifests kept and the copies being written to, shared by the passes that make
+/// manifests, heartbeats and workers.
+#[derive(Debug, Default)]
+pub struct Manifests(Mutex<State>);
+
+#[derive(Debug, Default)]
+struct State {
+    /// The data location the rest is about.
+    dir: Option<PathBuf>,
+    /// Whether the workers running are known: before the first assignments are acted on, a
+    /// container of the agent's last life may still be writing to a copy.
+    settled: bool,
+    /// The manifest on disk of each folder: the drive it was made for and its digest.
+    kept: HashMap<String, (Uuid, Digest)>,
+    writers: HashMap<String, Writers>,
+    /// Copies whose manifest could not be made, with their drive: not tried again until written
+    /// to again (or the agent restarts), since the same walk would fail the same way.
+    refused: HashMap<String, Uuid>,
+}
+
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct Writers {
+    running: usize,
+    /// Holds ever taken: a manifest made while this changed is not the copy's.
+    taken: u64,
+}
+
+impl Manifests {
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.0.lock().expect("not poisoned")
+    }
+
+    /// The digest of `folder`'s manifest, when one is kept for the drive `drive_id`.
+    pub fn digest(&self, folder: &str, drive_id: Option<Uuid>) -> Option<Digest> {
+        let state = self.state();
+        let (made_for, digest) = state.kept.get(folder)?;
+        (Some(*made_for) == drive_id).then_some(*digest)
+    }
+
+    /// Says the workers running are all known (and held): manifests may be made from now on.
+    pub fn settle(&self) {
+        self.state().settled = true;
+    }
+
+    /// Marks the copies `a` mounts read-write as being written to until the hold is dropped,
+    /// and removes their manifests from `dir`'s `drives/`. Taken before the worker starts.
+    pub fn hold(self: &Arc<Self>, dir: Option<&Path>, a: &Assignment) -> Hold {
+        let folders: Vec<String> = a
+            .mounts
+            .iter()
+            .filter(|m| !m.read_only)
+            .filter_map(|m| match &m.source {
+                MountSource::Copy { folder, .. } if disk::plain(folder) => Some(folder.clone()),
+                _ => None,
+            })
+            .collect();
+        {
+            let mut state = self.state();
+            for folder in &folders {
+                let writers = state.writers.entry(folder.clone()).or_default();
+                writers.running += 1;
+                writers.taken += 1;
+                state.kept.remove(folder);
+                state.refused.remove(folder);
+            }
+        }
+        if let Some(drives) = dir.and_then(disk::open_drives) {
+            for folder in &folders {
+                remove(&drives, folder);
+            }
+        }
+        Hold { manifests: self.clone(), folders }
+    }
+
+    fn writers(&self, folder: &str) -> Writers {
+        self.state().writers.get(folder).copied().unwrap_or_default()
+    }
+}
+
+/// A worker's read-write mounts of copies, while it lives.
+#[derive(Debug)]
+pub struct Hold {
+    manifests: Arc<Manifests>,
+    folders: Vec<String>,
+}
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        let mut state = self.manifests.state();
+        for folder in &self.folders {
+            if let Some(w) = state.writers.get_mut(folder) {
+                w.running -= 1;
+            }
+        }
+    }
+}
+
+/// Removes `folder`'s manifest, if any: its copy is being removed or written to.
+pub(in crate::agent) fn remove(drives: &OwnedFd, folder: &str) {
+    if let Some(store) = walk::open_dir(drives, FOLDER) {
+        let _ = rustix::fs::unlinkat(&store, format!("{folder}{SUFFIX}"), AtFlags::empty());
+    }
+}
+
+/// Brings the manifests in `dir`'s `drives/` in line with its copies, then makes the manifest of
+/// one complete copy that lacks one, if any (which may take minutes). Whether another still
+/// lacks one: the next pass should come soon. Blocking; stops early once `stop` is cancelled.
+pub fn pass(manifests: &Manifests, dir: &Path, stop: &CancellationToken) -> bool {
+    {
+        let mut state = manifests.state();
+        if !state.settled {
+            return false;
+        }
+        if state.dir.as_deref() != Some(dir) {
+            state.kept.clear();
+            state.refused.clear();
+            state.dir = Some(dir.to_path_buf());
+        }
+    }
+    let Some(drives) = disk::open_drives(dir) else {
+        manifests.state().kept.clear();
+        return false;
+    };
+    let Some(store) = open_store(&drives) else { return false };
+    // Complete copies with a drive id: the only ones with a manifest.
+    let complete: BTreeMap<String, Uuid> = disk::copy_folders(&drives)
+        .into_iter()
+        .filter_map(|folder| Some((disk::complete_copy(&drives, &folder)?, folder)))
+        .map(|(id, folder)| (folder, id))
+        .collect();
+    tidy(manifests, &store, &complete);
+    let lacking: Vec<(&String, &Uuid)> = {
+        let state = manifests.state();
+        let unwritten = |f: &String| state.writers.get(f).is_none_or(|w| w.running == 0);
+        complete
+            .iter()
+            .filter(|(f, id)| {
+                !state.kept.contains_key(*f) && state.refused.get(*f) != Some(id) && unwritten(f)
+            })
+            .collect()
+    };
+    let Some((folder, id)) = lacking.first() else { return false };
+    make(manifests, &drives, &store, folder, **id, stop);
+    lacking.len() > 1
+}
+
+/// `drives/.manifests`, made (mode 0700) when missing, never through a link.
+fn open_store(drives: &OwnedFd) -> Option<OwnedFd> {
+    match rustix::fs::mkdirat(drives, FOLDER, Mode::from_raw_mode(0o700)) {
+        Ok(()) | Err(rustix::io::Errno::EXIST) => {}
+        Err(e) => tracing::warn!(error = %e, "cannot make drives/{FOLDER}"),
+    }
+    let store = walk::open_dir(drives, FOLDER);
+    if store.is_none() {
+        tracing::warn!("cannot open drives/{FOLDER} (not a folder?): no copy gets a manifest");
+    }
+    store
+}
+
+/// Removes left-behind temporary files and the manifests of copies gone, incomplete or made
+/// for another drive; takes in those found on disk and not known (after a restart); forgets
+/// manifests no longer on disk.
+fn tidy(manifests: &Manifests, store: &OwnedFd, complete: &BTreeMap<String, Uuid>) {
+    let mut present = vec![];
+    for name in names(store) {
+        let wanted = name.strip_suffix(SUFFIX).and_then(|f| Some((f, complete.get(f)?)));
+        let Some((folder, id)) = wanted.filter(|(f, _)| manifests.writers(f).running == 0) else {
+            if name.starts_with(TEMP) || name.ends_with(SUFFIX) {
+                let _ = rustix::fs::unlinkat(store, name.as_str(), AtFlags::empty());
+            }
+            continue;
+        };
+        let known = manifests.state().kept.get(folder).is_some_and(|(made_for, _)| made_for == id);
+        if !known {
+            let before = manifests.writers(folder);
+            match stored(store, &name) {
+                Some((made_for, digest)) if made_for == *id => {
+                    let mut state = manifests.state();
+                    // A hold taken during the read has removed the file: the digest is stale.
+                    if state.writers.get(folder).copied().unwrap_or_default() == before {
+                        state.kept.insert(folder.to_owned(), (made_for, digest));
+                    }
+                }
+                _ => {
+                    let _ = rustix::fs::unlinkat(store, name.as_str(), AtFlags::empty());
+                    continue;
+                }
+            }
+        }
+        present.push(folder.to_owned());
+    }
+    manifests.state().kept.retain(|folder, _| present.contains(folder));
+}
+
+/// The names in the folder open at `store`.
+fn names(store: &OwnedFd) -> Vec<String> {
+    let Ok(mut dir) = Dir::read_from(store) else { return vec![] };
+    let mut names = vec![];
+    while let Some(Ok(entry)) = dir.read() {
+        if let Ok(name) = entry.file_name().to_str()
+            && name != "."
+            && name != ".."
+        {
+            names.push(name.to_owned());
+        }
+    }
+    names
+}
+
+/// The drive a manifest on disk was made for, from its header, and its digest.
+fn stored(store: &OwnedFd, name: &str) -> Option<(Uuid, Digest)> {
+    let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NONBLOCK;
+    let mut reader = BufReader::new(File::from(rustix::fs::openat(store, name, flags, Mode::empty()).ok()?));
+    let mut first = vec![];
+    // A header is well under a kilobyte.
+    reader.by_ref().take(4096).read_until(b'\n', &mut first).ok()?;
+    let header: Header = serde_json::from_slice(first.strip_suffix(b"\n")?).ok()?;
+    let mut hasher = blake3::Hasher::new();
+    hasher.update(&first);
+    io::copy(&mut reader, &mut hasher).ok()?;
+    Some((header.drive_id, Digest::of(&hasher)))
+}
+
+/// Makes `folder`'s manifest and keeps it, unless the copy was written to (or stopped being
+/// the complete copy of `id`) meanwhile.
+fn make(
+    manifests: &Manifests,
+    drives: &OwnedFd,
+    store: &OwnedFd,
+    folder: &str,
+    id: Uuid,
+    stop: &CancellationToken,
+) {
+    let before = manifests.writers(folder);
+    let temp = format!("{TEMP}{}", Uuid::new_v4().simple());
+    let scratch = format!("{temp}-entries");
+    let create = |name: &str| {
+        let flags = OFlags::RDWR | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+        rustix::fs::openat(store, name, flags, Mode::from_raw_mode(0o600)).map(File::from)
+    };
+    let go_on = || !stop.is_cancelled() && manifests.writers(folder) == before;
+    let started = std::time::Instant::now();
+    let made = match (walk::open_dir(drives, folder), create(&scratch), create(&temp)) {
+        (Some(root), Ok(scratch), Ok(out)) => {
+            let made = build_at(root, id, scratch, BufWriter::new(&out), &go_on);
+            made.and_then(|digest| out.sync_all().map(|()| digest).map_err(|e| e.to_string()))
+        }
+        (None, ..) => Err(STOPPED.into()),
+        (_, Err(e), _) | (_, _, Err(e)) => Err(format!("cannot write in drives/{FOLDER}: {e}")),
+    };
+    let _ = rustix::fs::unlinkat(store, scratch.as_str(), AtFlags::empty());
+    let kept = match made {
+        Ok(digest) if disk::complete_copy(drives, folder) == Some(id) => {
+            let mut state = manifests.state();
+            let still = state.writers.get(folder).copied().unwrap_or_default() == before;
+            let name = format!("{folder}{SUFFIX}");
+            let renamed = still && rustix::fs::renameat(store, temp.as_str(), store, name.as_str()).is_ok();
+            if renamed {
+                state.kept.insert(folder.to_owned(), (id, digest));
+                tracing::info!(folder, %digest, seconds = started.elapsed().as_secs(), "made the copy's manifest");
+            }
+            renamed
+        }
+        Ok(_) => false,
+        Err(why) if why == STOPPED => false,
+        Err(why) => {
+            tracing::warn!(folder, %why, "no manifest for this copy: it cannot be sent to peers");
+            manifests.state().refused.insert(folder.to_owned(), id);
+            false
+        }
+    };
+    if !kept {
+        let _ = rustix::fs::unlinkat(store, temp.as_str(), AtFlags::empty());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::super::{Manifest, check};
+    use super::*;
+
+    const FOLDER_NAME: &str = "default.food101";
+
+    /// A data location holding a complete copy of a drive, and the drive's id.
+    fn location() -> (tempfile::TempDir, Uuid) {
+        let dir = tempfile::tempdir().unwrap();
+        let id = Uuid::now_v7();
+        let me = rustix::process::getuid().as_raw();
+        let copy = disk::fill_folder(dir.path(), FOLDER_NAME, id, me).unwrap();
+        std::fs::create_dir(copy.join("train")).unwrap();
+        std::fs::write(copy.join("train/0.jpg"), "jpeg").unwrap();
+        std::fs::write(copy.join(disk::MARKER), "").unwrap();
+        (dir, id)
+    }
+
+    fn file(dir: &Path) -> PathBuf {
+        dir.join("drives").join(FOLDER).join(format!("{FOLDER_NAME}{SUFFIX}"))
+    }
+
+    fn reported(dir: &Path, manifests: &Manifests) -> Option<String> {
+        let report = disk::report(dir, &Default::default(), manifests);
+        report.copies.into_iter().find(|c| c.drive == FOLDER_NAME)?.manifest
+    }
+
+    /// A fill of the copy: it mounts it read-write.
+    fn fill() -> Assignment {
+        serde_json::from_value(json!({
+            "uid": Uuid::nil(), "name": "fill-food101-gpu-01-0", "run": "fill-food101-gpu-01",
+            "namespace": "default", "state": "Pending", "image": "busybox", "command": "sh", "args": [],
+            "env": {}, "time_limit_seconds": null, "id_slot": 1, "fill": true,
+            "resources": {"cpu_cores": 1.0, "memory_bytes": 1, "gpus": 0},
+            "mounts": [{
+                "drive": "food101", "source": {"kind": "copy", "folder": FOLDER_NAME, "drive_id": Uuid::nil()},
+                "sub_path": "", "target": "/drive", "read_only": false
+            }]
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_complete_copy_gets_a_manifest_out_of_its_folder_and_heartbeats_report_its_digest() {
+        let (dir, id) = location();
+        let (manifests, stop) = (Manifests::default(), CancellationToken::new());
+        assert!(!pass(&manifests, dir.path(), &stop));
+        assert!(!file(dir.path()).exists(), "none before the running workers are known");
+
+        manifests.settle();
+        assert!(!pass(&manifests, dir.path(), &stop), "no other copy lacks one");
+        let bytes = std::fs::read(file(dir.path())).unwrap();
+        let digest = Digest(blake3::hash(&bytes));
+        assert_eq!(reported(dir.path(), &manifests), Some(digest.to_string()));
+        let m = Manifest::read(&mut std::io::Cursor::new(bytes), &digest).unwrap();
+        assert_eq!((m.drive_id(), m.files()), (id, 1));
+        assert!(check(&dir.path().join("drives").join(FOLDER_NAME), &m).unwrap().is_clear());
+        let listed = std::fs::read_dir(dir.path().join("drives").join(FOLDER)).unwrap();
+        assert_eq!(listed.count(), 1, "no temporary file is left");
+
+        // After a restart, the manifest on disk is taken in, not made again.
+        let again = Manifests::default();
+        again.settle();
+        pass(&again, dir.path(), &stop);
+        assert_eq!(reported(dir.path(), &again), Some(digest.to_string()));
+    }
+
+    #[test]
+    fn a_copy_being_written_to_has_no_manifest_until_its_writer_ends() {
+        let (dir, _) = location();
+        let (manifests, stop) = (Arc::new(Manifests::default()), CancellationToken::new());
+        manifests.settle();
+        pass(&manifests, dir.path(), &stop);
+        let before = reported(dir.path(), &manifests).unwrap();
+
+        let hold = manifests.hold(Some(dir.path()), &fill());
+        assert!(!file(dir.path()).exists());
+        assert_eq!(reported(dir.path(), &manifests), None);
+        std::fs::write(dir.path().join("drives").join(FOLDER_NAME).join("train/1.jpg"), "more").unwrap();
+        assert!(!pass(&manifests, dir.path(), &stop));
+        assert!(!file(dir.path()).exists(), "none while the fill runs");
+
+        drop(hold);
+        pass(&manifests, dir.path(), &stop);
+        let after = reported(dir.path(), &manifests).unwrap();
+        assert_ne!(after, before);
+        // A read-only mount holds nothing.
+        let mut read = fill();
+        read.mounts[0].read_only = true;
+        let _reading = manifests.hold(Some(dir.path()), &read);
+        assert_eq!(reported(dir.path(), &manifests), Some(after));
+    }
+
+    #[test]
+    fn a_manifest_goes_with_its_copy_its_marker_or_its_drive() {
+        let (dir, id) = location();
+        let (manifests, stop) = (Manifests::default(), CancellationToken::new());
+        manifests.settle();
+        pass(&manifests, dir.path(), &stop);
+        let copy = dir.path().join("drives").join(FOLDER_NAME);
+
+        std::fs::remove_file(copy.join(disk::MARKER)).unwrap();
+        assert_eq!(reported(dir.path(), &manifests), None, "an incomplete copy has none");
+        pass(&manifests, dir.path(), &stop);
+        assert!(!file(dir.path()).exists());
+        std::fs::write(copy.join(disk::MARKER), "").unwrap();
+        pass(&manifests, dir.path(), &stop);
+        assert!(file(dir.path()).exists());
+
+        // The folder now names another drive: the manifest made for the first is stale.
+        let kept = std::fs::read(file(dir.path())).unwrap();
+        std::fs::remove_file(copy.join(disk::COPY_ID)).unwrap();
+        std::fs::write(copy.join(disk::COPY_ID), Uuid::now_v7().to_string()).unwrap();
+        assert_eq!(reported(dir.path(), &manifests), None);
+        let fresh = Manifests::default();
+        fresh.settle();
+        pass(&fresh, dir.path(), &stop);
+        assert_ne!(std::fs::read(file(dir.path())).unwrap(), kept, "made again for the new drive");
+        std::fs::remove_file(copy.join(disk::COPY_ID)).unwrap();
+        std::fs::write(copy.join(disk::COPY_ID), id.to_string()).unwrap();
+
+        disk::tests::delete_reported(dir.path(), FOLDER_NAME);
+        assert!(!file(dir.path()).exists(), "deleted with its copy");
+    }
+
+    #[test]
+    fn a_copy_holding_a_link_gets_no_manifest_and_is_not_walked_again() {
+        let (dir, _) = location();
+        let copy = dir.path().join("drives").join(FOLDER_NAME);
+        std::os::unix::fs::symlink("/etc", copy.join("train/escape")).unwrap();
+        let (manifests, stop) = (Manifests::default(), CancellationToken::new());
+        manifests.settle();
+        assert!(!pass(&manifests, dir.path(), &stop));
+        assert!(!file(dir.path()).exists());
+        assert_eq!(manifests.state().refused.len(), 1);
+        assert_eq!(reported(dir.path(), &manifests), None);
+    }
+}

@@ -55,8 +55,10 @@ pub struct Beats {
 
 /// A report's copies, order aside: the agent lists them as its disk does.
 pub fn digest(copies: &[CopyReport], reserve_bytes: i64) -> u64 {
-    let mut sorted: Vec<(&str, Option<uuid::Uuid>, u64, bool)> =
-        copies.iter().map(|c| (c.drive.as_str(), c.drive_id, c.bytes, c.complete)).collect();
+    let mut sorted: Vec<(&str, Option<uuid::Uuid>, u64, bool, Option<&str>)> = copies
+        .iter()
+        .map(|c| (c.drive.as_str(), c.drive_id, c.bytes, c.complete, c.manifest.as_deref()))
+        .collect();
     sorted.sort_unstable();
     let mut h = std::collections::hash_map::DefaultHasher::new();
     sorted.hash(&mut h);

@@ -323,18 +323,8 @@ async fn an_unchanged_heartbeat_does_not_wait_for_a_pass_holding_its_machine(poo
     let beat = |usage: astraeus::store::machines::Usage| {
         let pool = pool.clone();
         async move {
-            let (no_folders, no_bytes, no_flags): (&[String], &[i64], &[bool]) = (&[], &[], &[]);
-            astraeus::store::machines::beat_if_unchanged(
-                &pool,
-                machine,
-                &usage,
-                no_folders,
-                &[],
-                no_bytes,
-                no_flags,
-            )
-            .await
-            .unwrap()
+            let none = astraeus::store::copies::Reported::default();
+            astraeus::store::machines::beat_if_unchanged(&pool, machine, &usage, &none).await.unwrap()
         }
     };
 
@@ -359,16 +349,14 @@ async fn an_unchanged_heartbeat_does_not_wait_for_a_pass_holding_its_machine(poo
     assert_eq!(used().await, 123);
 
     // A copy the server does not know of is no unchanged heartbeat, held row or not.
-    let unknown = ["default.food101".to_owned()];
-    let other = astraeus::store::machines::beat_if_unchanged(
-        &pool,
-        machine,
-        &usage,
-        &unknown,
-        &[None],
-        &[1],
-        &[true],
-    );
+    let unknown = astraeus::store::copies::Reported {
+        folders: vec!["default.food101".to_owned()],
+        ids: vec![None],
+        bytes: vec![1],
+        complete: vec![true],
+        manifests: vec![None],
+    };
+    let other = astraeus::store::machines::beat_if_unchanged(&pool, machine, &usage, &unknown);
     assert_eq!(other.await.unwrap(), None);
 }
 

@@ -201,6 +201,16 @@ async fn heartbeat(
     if req.copies.len() > MAX_COPIES {
         return Err(ApiError::invalid("copies", format!("at most {MAX_COPIES} copies per heartbeat")));
     }
+    for (i, c) in req.copies.iter().enumerate() {
+        if let Some(m) = &c.manifest
+            && crate::agent::manifest::Digest::parse(m).is_err()
+        {
+            return Err(ApiError::invalid(
+                format!("copies[{i}].manifest"),
+                "must be 64 lowercase hex digits",
+            ));
+        }
+    }
     let usage = store::machines::Usage {
         total_bytes: clamp(req.data_location.total_bytes),
         used_bytes: clamp(req.data_location.used_bytes),
@@ -223,14 +233,15 @@ async fn heartbeat(
             delete_copies: vec![],
         }));
     }
-    let folders: Vec<String> = req.copies.iter().map(|c| c.drive.clone()).collect();
-    let ids: Vec<Option<Uuid>> = req.copies.iter().map(|c| c.drive_id).collect();
-    let bytes: Vec<i64> = req.copies.iter().map(|c| clamp(c.bytes)).collect();
-    let complete: Vec<bool> = req.copies.iter().map(|c| c.complete).collect();
+    let reported = store::copies::Reported {
+        folders: req.copies.iter().map(|c| c.drive.clone()).collect(),
+        ids: req.copies.iter().map(|c| c.drive_id).collect(),
+        bytes: req.copies.iter().map(|c| clamp(c.bytes)).collect(),
+        complete: req.copies.iter().map(|c| c.complete).collect(),
+        manifests: req.copies.iter().map(|c| c.manifest.clone()).collect(),
+    };
     let generation = app.hub.beats.generation(caller.id);
-    let same =
-        store::machines::beat_if_unchanged(&app.db, caller.id, &usage, &folders, &ids, &bytes, &complete)
-            .await?;
+    let same = store::machines::beat_if_unchanged(&app.db, caller.id, &usage, &reported).await?;
     if let Some((data_location, data_limit_bytes, written)) = same {
         if !written {
             app.hub.beats.record(caller.id, &usage);
@@ -242,7 +253,7 @@ async fn heartbeat(
     // Rows are locked in one order everywhere, copies, then workers, then machines, so that
     // heartbeats, placement and deletions never wait on each other in a circle.
     let mut tx = app.db.begin().await?;
-    let copies = store::copies::reconcile(&mut tx, caller.id, &folders, &ids, &bytes, &complete).await?;
+    let copies = store::copies::reconcile(&mut tx, caller.id, &reported).await?;
     for (drive, bytes) in &copies.completed {
         metrics::counter!("astraeus_fill_bytes_total").increment((*bytes).max(0) as u64);
         let why =

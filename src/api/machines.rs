@@ -77,6 +77,11 @@ pub struct MachineCopy {
     pub complete: bool,
     pub state: CopyState,
     pub last_used_at: Option<DateTime<Utc>>,
+    /// The digest (BLAKE3, hex) of the manifest its agent made of the whole copy: every file's size
+    /// and content hashes, which a copy pulled from a peer is checked against. Absent until made,
+    /// and for a copy holding a symlink or other special file.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub manifest: Option<String>,
     /// How far the fill has got; only while the copy is `Filling`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub progress: Option<Progress>,
@@ -190,6 +195,7 @@ fn to_copy(workspace: &str, data_path: &str, c: MachineCopyRecord) -> MachineCop
         progress: (c.state == CopyState::Filling).then(|| progress(&c.fill.with_bytes(c.bytes), Utc::now())),
         state: c.state,
         last_used_at: c.last_used_at,
+        manifest: c.manifest,
     }
 }
 

@@ -16,6 +16,7 @@ pub struct CopyRecord {
     pub state: CopyState,
     pub bytes: i64,
     pub last_used_at: Option<DateTime<Utc>>,
+    pub manifest: Option<String>,
     #[sqlx(flatten)]
     pub fill: FillObservation,
 }
@@ -56,7 +57,7 @@ pub struct EvictionCopy {
 }
 
 const SELECT: &str = "SELECT c.machine_id, m.name AS machine, m.data_path, c.state, c.bytes,
-        c.last_used_at, c.size_hint, c.bytes_at, c.progress_bytes, c.progress_at
+        c.last_used_at, c.manifest, c.size_hint, c.bytes_at, c.progress_bytes, c.progress_at
     FROM copies c JOIN machines m ON m.id = c.machine_id";
 
 /// A page of the drive's copies that are not being evicted, in the order their machines joined
@@ -111,6 +112,7 @@ pub struct MachineCopyRecord {
     pub state: CopyState,
     pub bytes: i64,
     pub last_used_at: Option<DateTime<Utc>>,
+    pub manifest: Option<String>,
     #[sqlx(flatten)]
     pub fill: FillObservation,
 }
@@ -123,7 +125,7 @@ pub async fn on_machine(
     workspace: Uuid,
 ) -> sqlx::Result<Vec<MachineCopyRecord>> {
     sqlx::query_as(
-        "SELECT d.name AS drive, c.state, c.bytes, c.last_used_at, c.size_hint, c.bytes_at,
+        "SELECT d.name AS drive, c.state, c.bytes, c.last_used_at, c.manifest, c.size_hint, c.bytes_at,
              c.progress_bytes, c.progress_at
          FROM copies c JOIN drives d ON d.id = c.drive_id
          WHERE c.machine_id = $1 AND d.workspace_id = $2 AND c.state <> 'Evicting' ORDER BY d.name",
@@ -383,15 +385,22 @@ pub struct Reconciled {
     pub delete: Vec<String>,
 }
 
-/// Applies an agent's report of its copies (folder, bytes, marker present).
-pub async fn reconcile(
-    tx: &mut PgConnection,
-    machine: Uuid,
-    folders: &[String],
-    ids: &[Option<Uuid>],
-    bytes: &[i64],
-    complete: &[bool],
-) -> sqlx::Result<Reconciled> {
+/// An agent's report of its copies, a column each, as `unnest` takes them.
+#[derive(Debug, Default, Clone)]
+pub struct Reported {
+    /// `<namespace>.<drive>`.
+    pub folders: Vec<String>,
+    /// The drive each folder was made for.
+    pub ids: Vec<Option<Uuid>>,
+    pub bytes: Vec<i64>,
+    /// Whether the marker is there.
+    pub complete: Vec<bool>,
+    /// The digest of each whole copy's manifest, once made.
+    pub manifests: Vec<Option<String>>,
+}
+
+/// Applies an agent's report of its copies.
+pub async fn reconcile(tx: &mut PgConnection, machine: Uuid, r: &Reported) -> sqlx::Result<Reconciled> {
     // Lock the machine's copies and read their states first: a CTE cannot, because rows that
     // the UPDATE below changes are invisible to a FOR UPDATE in the same statement.
     let before: std::collections::HashMap<Uuid, CopyState> =
@@ -407,9 +416,9 @@ pub async fn reconcile(
     // named for deletion. The copies the agent no longer has, which no reported folder holds,
     // change in the same statement: evicted ones are gone; whole ones must be filled again.
     let rows: Vec<(String, Option<Uuid>, Option<CopyState>, i64)> = sqlx::query_as(
-        "WITH r AS (SELECT * FROM unnest($2::text[], $3::bigint[], $4::bool[], $5::uuid[])
-                    AS r(folder, bytes, complete, reported_id)),
-         d AS (SELECT r.folder, r.bytes, r.complete, dr.id AS drive_id FROM r
+        "WITH r AS (SELECT * FROM unnest($2::text[], $3::bigint[], $4::bool[], $5::uuid[], $7::text[])
+                    AS r(folder, bytes, complete, reported_id, manifest)),
+         d AS (SELECT r.folder, r.bytes, r.complete, r.manifest, dr.id AS drive_id FROM r
                LEFT JOIN workspaces s ON s.name = split_part(r.folder, '.', 1)
                LEFT JOIN drives dr ON dr.workspace_id = s.id AND dr.name = substr(r.folder, length(s.name) + 2)
                    AND dr.id = r.reported_id),
@@ -432,7 +441,8 @@ pub async fn reconcile(
                                  WHEN d.complete THEN 'Complete'
                                  WHEN c.state = 'Complete' THEN 'Filling'
                                  ELSE c.state END,
-                    completed_at = CASE WHEN d.complete AND c.state <> 'Complete' THEN now() ELSE c.completed_at END
+                    completed_at = CASE WHEN d.complete AND c.state <> 'Complete' THEN now() ELSE c.completed_at END,
+                    manifest = CASE WHEN d.complete AND c.state <> 'Evicting' THEN d.manifest END
                 FROM d WHERE c.machine_id = $1 AND c.drive_id = d.drive_id
                 RETURNING c.drive_id, c.state),
          missing AS (SELECT c.id, c.state FROM copies c
@@ -440,16 +450,17 @@ pub async fn reconcile(
                        AND NOT EXISTS (SELECT 1 FROM d WHERE d.drive_id = c.drive_id)),
          gone AS (DELETE FROM copies c USING missing WHERE c.id = missing.id AND missing.state = 'Evicting'),
          lost AS (UPDATE copies c SET state = 'Filling', bytes = 0, bytes_at = NULL, progress_bytes = 0,
-                      progress_at = NULL FROM missing
+                      progress_at = NULL, manifest = NULL FROM missing
                   WHERE c.id = missing.id AND missing.state = 'Complete')
          SELECT d.folder, d.drive_id, up.state, d.bytes FROM d LEFT JOIN up ON up.drive_id = d.drive_id",
     )
     .bind(machine)
-    .bind(folders)
-    .bind(bytes)
-    .bind(complete)
-    .bind(ids)
+    .bind(&r.folders)
+    .bind(&r.bytes)
+    .bind(&r.complete)
+    .bind(&r.ids)
     .bind(progress::SAMPLE_EVERY_SECONDS as f64)
+    .bind(&r.manifests)
     .fetch_all(&mut *tx)
     .await?;
     let mut out = Reconciled::default();

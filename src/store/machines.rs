@@ -148,17 +148,14 @@ pub async fn beat_if_unchanged(
     db: impl PgExecutor<'_>,
     machine: Uuid,
     usage: &Usage,
-    folders: &[String],
-    ids: &[Option<Uuid>],
-    bytes: &[i64],
-    complete: &[bool],
+    r: &crate::store::copies::Reported,
 ) -> sqlx::Result<Option<(Option<String>, Option<i64>, bool)>> {
     // A folder reported with another drive's id (or none) is not the copy of the drive of its
     // name: that differs, and the full reconcile names it for deletion.
     sqlx::query_as(
-        "WITH reported AS (SELECT * FROM unnest($5::text[], $6::bigint[], $7::bool[], $8::uuid[])
-                               AS r(folder, bytes, complete, drive_id)),
-         known AS (SELECT s.name || '.' || d.name AS folder, c.drive_id, c.bytes, c.state FROM copies c
+        "WITH reported AS (SELECT * FROM unnest($5::text[], $6::bigint[], $7::bool[], $8::uuid[], $10::text[])
+                               AS r(folder, bytes, complete, drive_id, manifest)),
+         known AS (SELECT s.name || '.' || d.name AS folder, c.drive_id, c.bytes, c.state, c.manifest FROM copies c
                    JOIN drives d ON d.id = c.drive_id JOIN workspaces s ON s.id = d.workspace_id
                    WHERE c.machine_id = $1),
          differs AS (
@@ -167,7 +164,8 @@ pub async fn beat_if_unchanged(
                 OR r.folder IS NULL AND k.state IN ('Complete', 'Evicting')
                 OR r.folder IS NOT NULL AND (k.state = 'Evicting' OR k.bytes <> r.bytes
                                              OR r.drive_id IS DISTINCT FROM k.drive_id
-                                             OR (k.state = 'Complete') <> r.complete)),
+                                             OR (k.state = 'Complete') <> r.complete
+                                             OR k.state = 'Complete' AND r.manifest IS DISTINCT FROM k.manifest)),
          free AS (SELECT id FROM machines WHERE id = $1 AND state = 'Ready' AND NOT EXISTS (SELECT 1 FROM differs)
                   FOR NO KEY UPDATE SKIP LOCKED),
          written AS (
@@ -182,11 +180,12 @@ pub async fn beat_if_unchanged(
     .bind(usage.total_bytes)
     .bind(usage.used_bytes)
     .bind(usage.free_bytes)
-    .bind(folders)
-    .bind(bytes)
-    .bind(complete)
-    .bind(ids)
+    .bind(&r.folders)
+    .bind(&r.bytes)
+    .bind(&r.complete)
+    .bind(&r.ids)
     .bind(usage.reserve_bytes)
+    .bind(&r.manifests)
     .fetch_optional(db)
     .await
 }

@@ -11,6 +11,7 @@ mod keys;
 mod lifecycle;
 mod logs;
 mod machines;
+mod manifests;
 mod odd_input;
 mod openapi;
 mod overload;

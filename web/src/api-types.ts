@@ -2361,6 +2361,12 @@ export interface components {
             folder: string;
             /** Format: date-time */
             last_used_at?: string | null;
+            /**
+             * @description The digest (BLAKE3, hex) of the manifest its agent made of the whole copy: every file's size
+             *     and content hashes, which a copy pulled from a peer is checked against. Absent until made,
+             *     and for a copy holding a symlink or other special file.
+             */
+            manifest?: string | null;
             node: string;
             progress?: null | components["schemas"]["Progress"];
             state: components["schemas"]["CopyState"];
@@ -2591,6 +2597,12 @@ export interface components {
                 folder: string;
                 /** Format: date-time */
                 last_used_at?: string | null;
+                /**
+                 * @description The digest (BLAKE3, hex) of the manifest its agent made of the whole copy: every file's size
+                 *     and content hashes, which a copy pulled from a peer is checked against. Absent until made,
+                 *     and for a copy holding a symlink or other special file.
+                 */
+                manifest?: string | null;
                 node: string;
                 progress?: null | components["schemas"]["Progress"];
                 state: components["schemas"]["CopyState"];
@@ -2859,6 +2871,12 @@ export interface components {
             folder: string;
             /** Format: date-time */
             last_used_at?: string | null;
+            /**
+             * @description The digest (BLAKE3, hex) of the manifest its agent made of the whole copy: every file's size
+             *     and content hashes, which a copy pulled from a peer is checked against. Absent until made,
+             *     and for a copy holding a symlink or other special file.
+             */
+            manifest?: string | null;
             progress?: null | components["schemas"]["Progress"];
             /**
              * Format: int64

@@ -107,6 +107,13 @@ pub struct HeartbeatResponse {
     pub delete_copies: Vec<String>,
 }
 
+/// The server's public verifying keys, oldest first: what a holder checks transfer tokens with.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerKeys {
+    pub keys: Vec<crate::auth::public::PublicKey>,
+}
+
 /// The entity tag of a machine's assignments at `version`. An agent that holds that answer
 /// sends it in `If-None-Match` and gets `304 Not Modified` while nothing has changed, instead
 /// of every assigned worker again.

@@ -7,9 +7,10 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use uuid::Uuid;
 
+use crate::auth::PublicKeys;
 use crate::protocol::{
     Ack, Assignments, HeartbeatRequest, HeartbeatResponse, JoinRequest, JoinResponse, LogLineIn, LogUpload,
-    StatusReport, assignments_tag,
+    ServerKeys, StatusReport, assignments_tag,
 };
 
 #[derive(Clone)]
@@ -98,6 +99,20 @@ impl Client {
             whole.next = part.next;
         }
         Ok(Some(whole))
+    }
+
+    /// The server's public keys, each checked to be what its id says.
+    pub async fn keys(&self) -> anyhow::Result<PublicKeys> {
+        let resp = self
+            .http
+            .get(format!("{}/keys", self.base))
+            .bearer_auth(&self.credential)
+            .timeout(Duration::from_secs(30))
+            .send()
+            .await
+            .with_context(|| format!("cannot reach the server at {}", self.base))?;
+        let answer: ServerKeys = read(resp).await?;
+        PublicKeys::from_published(&answer.keys).map_err(|why| anyhow::anyhow!("the server's keys: {why}"))
     }
 
     pub async fn report(&self, worker: Uuid, report: &StatusReport) -> anyhow::Result<Ack> {

@@ -227,14 +227,43 @@ fn make_folder(drives: &OwnedFd, folder: &str, drive: Uuid, owner: u32) -> Resul
     let cannot = |e: rustix::io::Errno| format!("cannot make the copy's folder {folder}: {e}");
     rustix::fs::mkdirat(drives, folder, Mode::from_raw_mode(0o755)).map_err(cannot)?;
     let fd = open_folder(drives, folder).ok_or_else(|| format!("cannot open {folder}"))?;
-    let flags = OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::CLOEXEC | OFlags::NOFOLLOW;
-    let file = rustix::fs::openat(&fd, COPY_ID, flags, Mode::from_raw_mode(0o444)).map_err(cannot)?;
-    std::fs::File::from(file)
-        .write_all(drive.to_string().as_bytes())
-        .map_err(|e| format!("cannot write {COPY_ID} in {folder}: {e}"))?;
+    write_copy_id(&fd, drive).map_err(|e| format!("cannot write {COPY_ID} in {folder}: {e}"))?;
     // The folder itself is handed over through its descriptor, never what a link names.
     let (uid, gid) = (rustix::fs::Uid::from_raw(owner), rustix::fs::Gid::from_raw(owner));
     rustix::fs::fchown(&fd, Some(uid), Some(gid)).map_err(cannot)
+}
+
+/// Writes [`COPY_ID`] naming `drive` in the folder open at `fd`, replacing any there.
+pub(super) fn write_copy_id(fd: &OwnedFd, drive: Uuid) -> std::io::Result<()> {
+    match rustix::fs::unlinkat(fd, COPY_ID, AtFlags::empty()) {
+        Ok(()) | Err(rustix::io::Errno::NOENT) => {}
+        Err(e) => return Err(e.into()),
+    }
+    let flags = OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::CLOEXEC | OFlags::NOFOLLOW;
+    let file = rustix::fs::openat(fd, COPY_ID, flags, Mode::from_raw_mode(0o444))?;
+    std::fs::File::from(file).write_all(drive.to_string().as_bytes())
+}
+
+/// Puts `staging`, a folder of `drives/` holding a copy received from a peer, in `folder`'s
+/// place. Whatever stood there (a failed fill, a copy of an earlier drive of the name) is
+/// renamed aside first, with its manifest removed, then deleted.
+pub(super) fn install_received(drives: &OwnedFd, staging: &str, folder: &str) -> Result<(), String> {
+    if !plain(folder) || !plain(staging) {
+        return Err(format!("{folder} is not a plain folder name"));
+    }
+    let aside = {
+        let _held = FOLDERS.lock().expect("not poisoned");
+        let aside = rename_aside(drives, folder);
+        manifest::keep::remove(drives, folder);
+        rustix::fs::renameat(drives, staging, drives, folder)
+            .map_err(|e| format!("cannot move the received copy into drives/{folder}: {e}"))?;
+        aside
+    };
+    if let Some(aside) = aside {
+        tracing::info!(folder, "removing what stood in the place of the received copy");
+        remove_aside(drives, &aside);
+    }
+    Ok(())
 }
 
 /// Whether `<dir>/drives/<folder>` was made for `drive`: a worker reads a copy only then.

@@ -13,6 +13,7 @@ pub mod images;
 pub mod manifest;
 pub mod mounts;
 pub mod output;
+pub mod peer;
 pub mod podman;
 pub mod sizes;
 pub mod worker;

@@ -35,7 +35,7 @@ use crate::hub;
 use crate::kept::Kept;
 use crate::protocol::{
     self, Ack, Assignment, Assignments, HeartbeatRequest, HeartbeatResponse, ImageReport, JoinRequest,
-    JoinResponse, Limits, LogUpload, MountSource, MountSpec, StatusReport,
+    JoinResponse, Limits, LogUpload, MountSource, MountSpec, ServerKeys, StatusReport,
 };
 use crate::store::{
     self, drives::DriveRecord, machines::Joining, secrets::SealedRow, workers::AssignmentRow,
@@ -62,6 +62,7 @@ pub fn router() -> Router<AppState> {
         .route("/agent/v1/assignments", get(assignments))
         .route("/agent/v1/workers/{id}/status", post(report_status))
         .route("/agent/v1/workers/{id}/logs", post(upload_logs))
+        .route("/agent/v1/keys", get(server_keys))
 }
 
 /// The route that needs no credential: a join, limited per client address by the caller.
@@ -163,6 +164,12 @@ async fn join(
     let expires = Utc::now() + chrono::Duration::days(365);
     let credential = machine::mint_credential(&app.keys, m.id, &m.name, &m.cluster, credential_id, expires);
     Ok(Json(JoinResponse { credential, machine: m.name, cluster: m.cluster }))
+}
+
+/// The server's public keys, for agents to check transfer tokens with on their own. Any machine
+/// may read them: they are public, and the credential only keeps strangers from counting keys.
+async fn server_keys(State(app): State<AppState>, _caller: MachineCaller) -> Json<ServerKeys> {
+    Json(ServerKeys { keys: app.keys.published() })
 }
 
 /// Bounds on what a machine may make the server keep about its images.

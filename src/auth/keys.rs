@@ -31,6 +31,8 @@ pub struct Key {
     /// Named in tokens (`kid`) and beside sealed values: the first 8 bytes of the SHA-256 of
     /// the public key, in hex, so the id is the key's own and needs no bookkeeping.
     pub id: String,
+    /// The Ed25519 public key: what agents are handed to check tokens with.
+    pub(crate) public: [u8; 32],
     pub(crate) encoding: EncodingKey,
     pub(crate) decoding: DecodingKey,
     pub(crate) seal: [u8; 32],
@@ -42,7 +44,7 @@ impl Key {
     fn from_der(der: &[u8]) -> anyhow::Result<Key> {
         let signing = SigningKey::from_pkcs8_der(der).context("not an Ed25519 PKCS#8 private key")?;
         let public = signing.verifying_key();
-        let id = hex(&Sha256::digest(public.as_bytes())[..8]);
+        let id = key_id(public.as_bytes());
         let encoding = EncodingKey::from_ed_der(der);
         let decoding = DecodingKey::from_ed_components(&URL_SAFE_NO_PAD.encode(public.as_bytes()))
             .context("cannot derive the public key")?;
@@ -52,7 +54,7 @@ impl Key {
             .expect("32 bytes is a valid HKDF-SHA256 length");
         let legacy_seal =
             Sha256::new().chain_update(LEGACY_SEAL_LABEL).chain_update(signing.to_bytes()).finalize().into();
-        Ok(Key { id, encoding, decoding, seal, legacy_seal })
+        Ok(Key { id, public: public.to_bytes(), encoding, decoding, seal, legacy_seal })
     }
 }
 
@@ -171,6 +173,11 @@ fn write_private(path: &Path, text: &str) -> anyhow::Result<()> {
     file.write_all(text.as_bytes())?;
     file.sync_all()?;
     Ok(())
+}
+
+/// A key's id: the first 8 bytes of the SHA-256 of its public key, in hex.
+pub(super) fn key_id(public: &[u8; 32]) -> String {
+    hex(&Sha256::digest(public)[..8])
 }
 
 fn hex(bytes: &[u8]) -> String {

@@ -12,7 +12,7 @@ use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
 use super::Keys;
-use super::token::{ISSUER, TokenError, decode, sign};
+use super::token::{ISSUER, TokenError, VerifyingKeys, decode, sign};
 
 pub const AGENT_AUDIENCE: &str = "astraeus-agent";
 const JOIN_PREFIX: &str = "astj_";
@@ -58,7 +58,9 @@ pub fn mint_credential(
     sign(keys, &claims)
 }
 
-pub fn verify_credential(keys: &Keys, token: &str) -> Result<MachineClaims, TokenError> {
+/// The claims of a machine credential; with the server's public keys, how an agent learns its
+/// own machine's id.
+pub fn verify_credential(keys: &impl VerifyingKeys, token: &str) -> Result<MachineClaims, TokenError> {
     decode(keys, token, AGENT_AUDIENCE)
 }
 

@@ -4,7 +4,7 @@
 //! revocation takes effect on the next request.
 
 use chrono::{DateTime, Utc};
-use jsonwebtoken::{Algorithm, Header, Validation};
+use jsonwebtoken::{Algorithm, DecodingKey, Header, Validation};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
@@ -87,10 +87,39 @@ pub fn verify(keys: &Keys, token: &str) -> Result<Claims, TokenError> {
     decode(keys, token, USER_AUDIENCE)
 }
 
-/// Decodes a token meant for `audience`, with every check but revocation. The key is the one
-/// the header's `kid` names; a token without one was signed before keys had ids, by the oldest.
+/// Keys that check tokens' signatures: the server's own, or the public halves an agent was
+/// handed ([`super::public::PublicKeys`]).
+pub trait VerifyingKeys {
+    /// The key a token whose header names `kid` (or none) was signed with, if known.
+    fn decoding_key(&self, kid: Option<&str>) -> Option<&DecodingKey>;
+}
+
+impl VerifyingKeys for Keys {
+    /// A token without a `kid` was signed before keys had ids, by the oldest.
+    fn decoding_key(&self, kid: Option<&str>) -> Option<&DecodingKey> {
+        match kid {
+            Some(kid) => self.get(kid).map(|k| &k.decoding),
+            None => Some(&self.oldest().decoding),
+        }
+    }
+}
+
+impl<K: VerifyingKeys + ?Sized> VerifyingKeys for std::sync::Arc<K> {
+    fn decoding_key(&self, kid: Option<&str>) -> Option<&DecodingKey> {
+        (**self).decoding_key(kid)
+    }
+}
+
+/// The key id a token's header names, read without checking anything: what tells a holder of
+/// public keys that it needs the server's newer ones.
+pub fn key_id(token: &str) -> Option<String> {
+    jsonwebtoken::decode_header(token).ok()?.kid
+}
+
+/// Decodes a token meant for `audience`, with every check but revocation, with the key the
+/// header's `kid` names.
 pub fn decode<T: serde::de::DeserializeOwned>(
-    keys: &Keys,
+    keys: &impl VerifyingKeys,
     token: &str,
     audience: &str,
 ) -> Result<T, TokenError> {
@@ -101,11 +130,10 @@ pub fn decode<T: serde::de::DeserializeOwned>(
     v.validate_nbf = true;
     v.leeway = 5;
     let header = jsonwebtoken::decode_header(token).map_err(|_| TokenError::Invalid("malformed".into()))?;
-    let key = match &header.kid {
-        Some(kid) => keys.get(kid).ok_or_else(|| TokenError::Invalid("signed with an unknown key".into()))?,
-        None => keys.oldest(),
-    };
-    jsonwebtoken::decode::<T>(token, &key.decoding, &v).map(|d| d.claims).map_err(|e| {
+    let key = keys
+        .decoding_key(header.kid.as_deref())
+        .ok_or_else(|| TokenError::Invalid("signed with an unknown key".into()))?;
+    jsonwebtoken::decode::<T>(token, key, &v).map(|d| d.claims).map_err(|e| {
         use jsonwebtoken::errors::ErrorKind;
         match e.kind() {
             ErrorKind::ExpiredSignature => TokenError::Expired,

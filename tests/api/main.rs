@@ -21,4 +21,5 @@ mod roles;
 mod runs;
 mod secrets;
 mod sim_export;
+mod transfer;
 mod watch;

@@ -3,6 +3,7 @@
 use std::fmt;
 use std::fs::File;
 use std::io;
+use std::os::fd::OwnedFd;
 use std::path::Path;
 
 use rustix::fs::{AtFlags, CWD, FileType, Mode, OFlags};
@@ -35,15 +36,33 @@ impl Check {
 /// folder cannot be walked or a file cannot be read.
 pub fn check(folder: &Path, manifest: &Manifest) -> Result<Check, String> {
     let root = walk::open_dir(CWD, folder).ok_or_else(|| format!("cannot open {}", folder.display()))?;
+    compare_all(root, manifest, true)
+}
+
+/// What the folder open at `root` holds that `manifest` does not list as it is: entries not
+/// listed, and those of another kind than listed (a folder for a file…). What a receiver
+/// removes from a folder it resumes into, whose files it checks itself; no file is read.
+pub fn unlisted(root: OwnedFd, manifest: &Manifest) -> Result<Vec<String>, String> {
+    let found = compare_all(root, manifest, false)?;
+    Ok(found.extra)
+}
+
+/// [`check`] of the folder open at `root`; with `hash` false, no file is read and no size
+/// compared.
+fn compare_all(root: OwnedFd, manifest: &Manifest, hash: bool) -> Result<Check, String> {
     let mut walk = Walk::new(root)?;
     let mut listed = manifest.entries().iter().peekable();
     let mut found = walk.next().transpose()?;
-    let (mut result, mut buf) = (Check::default(), vec![0u8; BUFFER_BYTES]);
+    let mut result = Check::default();
+    let mut buf = if hash { vec![0u8; BUFFER_BYTES] } else { vec![] };
     loop {
         match (listed.peek(), found.as_mut()) {
             (None, None) => return Ok(result),
             (Some(entry), Some(on_disk)) if entry.path() == on_disk.path() => {
-                compare(entry, on_disk, &mut result, &mut buf)?;
+                match on_disk {
+                    Found::File { .. } if !hash && !entry.is_dir() => {}
+                    _ => compare(entry, on_disk, &mut result, &mut buf)?,
+                }
                 listed.next();
                 found = walk.next().transpose()?;
             }
@@ -257,6 +276,9 @@ mod tests {
             extra: vec!["a/b".into(), "empty".into(), "new".into()],
         };
         assert_eq!(result, expected);
+        // What a receiver removes: the extras alone, found without reading a file.
+        let root = walk::open_dir(CWD, p).unwrap();
+        assert_eq!(unlisted(root, &m).unwrap(), expected.extra);
         assert_eq!(
             verify_file(&p.join("a.txt"), &m.entries()[0]),
             Err(Mismatch::Size { listed: 1, found: 6 })

@@ -11,6 +11,10 @@
 //! copy read-write is [`Manifests::hold`]ed before it starts: the copy's manifest is removed, one
 //! being made is discarded, and none is made again until the worker has ended. Heartbeats read
 //! the digests from memory ([`Manifests::digest`]), never from the files.
+//!
+//! A copy received from a peer comes with its manifest, checked file by file as it landed: it
+//! is [`adopt`]ed, renamed into the store and known at once, before the copy's marker is
+//! written, and kept even while the fill that received it still holds the folder.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
@@ -52,6 +56,24 @@ struct State {
     /// Copies whose manifest could not be made, with their drive: not tried again until written
     /// to again (or the agent restarts), since the same walk would fail the same way.
     refused: HashMap<String, Uuid>,
+    /// Manifests adopted with a copy received from a peer, by folder, with the holds taken of
+    /// the folder when they were (`Writers::taken`) and their place in `adoptions`: such a
+    /// manifest is the copy's, marker or not and held or not, until another hold is taken.
+    received: HashMap<String, (u64, u64)>,
+    /// Manifests adopted so far: a pass forgets no manifest adopted after it listed the store.
+    adoptions: u64,
+}
+
+impl State {
+    /// Makes `dir` the data location the state is about, forgetting another's manifests.
+    fn locate(&mut self, dir: &Path) {
+        if self.dir.as_deref() != Some(dir) {
+            self.kept.clear();
+            self.refused.clear();
+            self.received.clear();
+            self.dir = Some(dir.to_path_buf());
+        }
+    }
 }
 
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -98,6 +120,7 @@ impl Manifests {
                 writers.taken += 1;
                 state.kept.remove(folder);
                 state.refused.remove(folder);
+                state.received.remove(folder);
             }
         }
         if let Some(drives) = dir.and_then(disk::open_drives) {
@@ -110,6 +133,17 @@ impl Manifests {
 
     fn writers(&self, folder: &str) -> Writers {
         self.state().writers.get(folder).copied().unwrap_or_default()
+    }
+
+    /// The drive `folder`'s manifest on disk is kept for: the one its copy was received with,
+    /// or the complete copy's (`complete`) while nothing writes to it; `None` to remove it.
+    fn keeps(&self, folder: &str, complete: Option<Uuid>) -> Option<Uuid> {
+        let state = self.state();
+        let writers = state.writers.get(folder).copied().unwrap_or_default();
+        if state.received.get(folder).is_some_and(|(taken, _)| *taken == writers.taken) {
+            return state.kept.get(folder).map(|(id, _)| *id);
+        }
+        complete.filter(|_| writers.running == 0)
     }
 }
 
@@ -131,6 +165,11 @@ impl Drop for Hold {
     }
 }
 
+/// The name of `folder`'s manifest in the store.
+pub(in crate::agent) fn file_name(folder: &str) -> String {
+    format!("{folder}{SUFFIX}")
+}
+
 /// Removes `folder`'s manifest, if any: its copy is being removed or written to.
 pub(in crate::agent) fn remove(drives: &OwnedFd, folder: &str) {
     if let Some(store) = walk::open_dir(drives, FOLDER) {
@@ -147,11 +186,7 @@ pub fn pass(manifests: &Manifests, dir: &Path, stop: &CancellationToken) -> bool
         if !state.settled {
             return false;
         }
-        if state.dir.as_deref() != Some(dir) {
-            state.kept.clear();
-            state.refused.clear();
-            state.dir = Some(dir.to_path_buf());
-        }
+        state.locate(dir);
     }
     let Some(drives) = disk::open_drives(dir) else {
         manifests.state().kept.clear();
@@ -198,19 +233,26 @@ fn open_store(drives: &OwnedFd) -> Option<OwnedFd> {
 /// manifests no longer on disk.
 fn tidy(manifests: &Manifests, store: &OwnedFd, complete: &BTreeMap<String, Uuid>) {
     let mut present = vec![];
+    let listed_after = manifests.state().adoptions;
     for name in names(store) {
-        let wanted = name.strip_suffix(SUFFIX).and_then(|f| Some((f, complete.get(f)?)));
-        let Some((folder, id)) = wanted.filter(|(f, _)| manifests.writers(f).running == 0) else {
-            if name.starts_with(TEMP) || name.ends_with(SUFFIX) {
+        let wanted =
+            name.strip_suffix(SUFFIX).and_then(|f| Some((f, manifests.keeps(f, complete.get(f).copied())?)));
+        let Some((folder, id)) = wanted else {
+            // Checked and removed under the lock that `adopt` renames under: a manifest
+            // adopted since the listing is not the stale one that was looked at.
+            let state = manifests.state();
+            let adopted = |f: &str| state.received.get(f).is_some_and(|(_, seq)| *seq > listed_after);
+            let stale = !name.strip_suffix(SUFFIX).is_some_and(adopted);
+            if stale && (name.starts_with(TEMP) || name.ends_with(SUFFIX)) {
                 let _ = rustix::fs::unlinkat(store, name.as_str(), AtFlags::empty());
             }
             continue;
         };
-        let known = manifests.state().kept.get(folder).is_some_and(|(made_for, _)| made_for == id);
+        let known = manifests.state().kept.get(folder).is_some_and(|(made_for, _)| *made_for == id);
         if !known {
             let before = manifests.writers(folder);
             match stored(store, &name) {
-                Some((made_for, digest)) if made_for == *id => {
+                Some((made_for, digest)) if made_for == id => {
                     let mut state = manifests.state();
                     // A hold taken during the read has removed the file: the digest is stale.
                     if state.writers.get(folder).copied().unwrap_or_default() == before {
@@ -225,7 +267,47 @@ fn tidy(manifests: &Manifests, store: &OwnedFd, complete: &BTreeMap<String, Uuid
         }
         present.push(folder.to_owned());
     }
-    manifests.state().kept.retain(|folder, _| present.contains(folder));
+    let mut state = manifests.state();
+    let State { kept, received, .. } = &mut *state;
+    let since = |f: &String| received.get(f).is_some_and(|(_, seq)| *seq > listed_after);
+    kept.retain(|folder, _| present.contains(folder) || since(folder));
+    received.retain(|folder, (_, seq)| present.contains(folder) || *seq > listed_after);
+}
+
+/// Takes `from`, a manifest in `dir`'s `drives/` (out of the store, where a pass would remove
+/// it as left behind) that a copy received from a peer was checked against, as the manifest of
+/// that copy, now at `drives/<folder>` and made for `drive`: renamed into the store, its digest
+/// known at once. Called before the copy's marker is written.
+pub(in crate::agent) fn adopt(
+    manifests: &Manifests,
+    dir: &Path,
+    drives: &OwnedFd,
+    from: &str,
+    folder: &str,
+    drive: Uuid,
+    digest: Digest,
+) -> Result<(), String> {
+    let store = open_store(drives).ok_or_else(|| format!("cannot open drives/{FOLDER}"))?;
+    // Renamed under the lock, so a hold taken meanwhile comes after and removes it.
+    let mut state = manifests.state();
+    state.locate(dir);
+    rustix::fs::renameat(drives, from, &store, file_name(folder))
+        .map_err(|e| format!("cannot keep the manifest of {folder}: {e}"))?;
+    let taken = state.writers.get(folder).map_or(0, |w| w.taken);
+    state.adoptions += 1;
+    let seq = state.adoptions;
+    state.kept.insert(folder.to_owned(), (drive, digest));
+    state.received.insert(folder.to_owned(), (taken, seq));
+    state.refused.remove(folder);
+    Ok(())
+}
+
+/// Undoes [`adopt`]: the copy it came with could not be made whole.
+pub(in crate::agent) fn disown(manifests: &Manifests, drives: &OwnedFd, folder: &str) {
+    let mut state = manifests.state();
+    state.kept.remove(folder);
+    state.received.remove(folder);
+    remove(drives, folder);
 }
 
 /// The names in the folder open at `store`.
@@ -436,6 +518,44 @@ mod tests {
 
         disk::tests::delete_reported(dir.path(), FOLDER_NAME);
         assert!(!file(dir.path()).exists(), "deleted with its copy");
+    }
+
+    #[test]
+    fn a_manifest_adopted_with_a_received_copy_is_kept_before_its_marker_and_under_the_fills_hold() {
+        let (dir, id) = location();
+        let copy = dir.path().join("drives").join(FOLDER_NAME);
+        let mut bytes = vec![];
+        let digest =
+            super::super::build(&copy, id, tempfile::tempfile().unwrap(), &mut bytes, &|| true).unwrap();
+        // The copy as a pull leaves it before its marker, held by the fill that received it.
+        std::fs::remove_file(copy.join(disk::MARKER)).unwrap();
+        let (manifests, stop) = (Arc::new(Manifests::default()), CancellationToken::new());
+        manifests.settle();
+        let hold = manifests.hold(Some(dir.path()), &fill());
+        std::fs::write(dir.path().join("drives/.received"), &bytes).unwrap();
+        let drives = disk::open_drives(dir.path()).unwrap();
+        adopt(&manifests, dir.path(), &drives, ".received", FOLDER_NAME, id, digest).unwrap();
+        assert_eq!(manifests.digest(FOLDER_NAME, Some(id)), Some(digest), "known at once");
+        assert!(!pass(&manifests, dir.path(), &stop));
+        assert!(file(dir.path()).exists(), "kept though the copy has no marker yet and is held");
+
+        std::fs::write(copy.join(disk::MARKER), "").unwrap();
+        drop(hold);
+        pass(&manifests, dir.path(), &stop);
+        assert_eq!(reported(dir.path(), &manifests), Some(digest.to_string()));
+        assert_eq!(std::fs::read(file(dir.path())).unwrap(), bytes, "not made again");
+
+        // A hold taken since may write to the copy: its manifest goes.
+        let _writer = manifests.hold(Some(dir.path()), &fill());
+        pass(&manifests, dir.path(), &stop);
+        assert!(!file(dir.path()).exists());
+        assert_eq!(reported(dir.path(), &manifests), None);
+        // A pull that cannot finish takes back what it adopted.
+        std::fs::write(dir.path().join("drives/.received"), &bytes).unwrap();
+        adopt(&manifests, dir.path(), &drives, ".received", FOLDER_NAME, id, digest).unwrap();
+        disown(&manifests, &drives, FOLDER_NAME);
+        assert!(!file(dir.path()).exists());
+        assert_eq!(manifests.digest(FOLDER_NAME, Some(id)), None);
     }
 
     #[test]

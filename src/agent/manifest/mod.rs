@@ -36,7 +36,7 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 pub use build::{STOPPED, build};
-pub use check::{Check, Mismatch, check, verify_file};
+pub use check::{Check, Mismatch, check, unlisted, verify_file};
 pub use keep::Manifests;
 pub use parse::Invalid;
 
@@ -231,8 +231,14 @@ fn reserved(name: &str) -> bool {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+
+    /// The entry of a file `path` holding `data`, as a manifest would list it.
+    pub(crate) fn entry(path: &str, data: &[u8]) -> Entry {
+        let chunks = data.chunks(CHUNK_BYTES as usize).map(blake3::hash).collect();
+        Entry { path: path.into(), size: data.len() as u64, chunks: Some(chunks) }
+    }
 
     #[test]
     fn chunks_are_8_mib_with_a_shorter_last_and_none_for_an_empty_file() {

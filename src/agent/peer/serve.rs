@@ -1,0 +1,401 @@
+//! The holder's data port: its complete copies, each file of each as its manifest lists it,
+//! for the machines the server sends to it with a transfer token.
+//!
+//! `GET /v1/copies/{folder}/manifest` and `GET /v1/copies/{folder}/files/{*path}`, with
+//! `Authorization: Bearer <transfer token>`. A request is served only when the token verifies
+//! with the server's keys and grants this machine's copy in that folder; the copy is complete,
+//! made for the token's drive, and its manifest the token's; and the path is a file its
+//! manifest lists. No other path is ever opened, and that one beneath the copy's folder without
+//! following a link. `Range: bytes=N-` is answered with 206 so that a receiver resumes.
+//!
+//! Uploads are bounded in number (503 with Retry-After past it) and share one byte rate.
+
+use std::io::SeekFrom;
+use std::num::NonZeroU64;
+use std::os::fd::OwnedFd;
+use std::sync::{Arc, Mutex};
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use tokio::io::{AsyncReadExt, AsyncSeekExt};
+use tokio::sync::{OnceCell, OwnedSemaphorePermit, Semaphore};
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use super::beneath;
+use super::keys::TrustedKeys;
+use super::rate::Rate;
+use crate::agent::Shared;
+use crate::agent::disk;
+use crate::agent::manifest::{Digest, Manifest, Manifests, keep};
+use crate::auth::transfer::TransferClaims;
+
+/// What a receiver is told to wait when every upload slot is taken.
+const RETRY_AFTER_SECONDS: u64 = 5;
+/// Bytes read from a file and sent at a time.
+const PIECE: usize = 256 << 10;
+/// Parsed manifests kept in memory, most recently used: one may list millions of files.
+const PARSED_KEPT: usize = 2;
+
+/// How much the data port may send.
+#[derive(Debug, Clone)]
+pub struct ServeLimits {
+    /// Uploads (manifests and files) at once.
+    pub uploads: usize,
+    /// Bytes per second over all uploads; `None` for no limit.
+    pub bytes_per_second: Option<NonZeroU64>,
+}
+
+/// The data port's state.
+pub struct Holder {
+    /// This machine's id: a token naming another source is refused.
+    machine: Uuid,
+    /// The confirmed data location, as the heartbeat keeps it.
+    shared: Arc<Shared>,
+    /// The digests of the copies' manifests, as heartbeats report them.
+    manifests: Arc<Manifests>,
+    keys: Arc<TrustedKeys>,
+    uploads: Arc<Semaphore>,
+    rate: Option<Rate>,
+    parsed: Mutex<Vec<Parsed>>,
+    /// Cancelled when the port stops: uploads under way end at once.
+    closing: CancellationToken,
+}
+
+/// A manifest parsed (or being parsed) for a folder at a digest.
+struct Parsed {
+    folder: String,
+    digest: Digest,
+    manifest: Arc<OnceCell<Arc<Manifest>>>,
+}
+
+impl Holder {
+    pub fn new(
+        machine: Uuid,
+        shared: Arc<Shared>,
+        manifests: Arc<Manifests>,
+        keys: Arc<TrustedKeys>,
+        limits: &ServeLimits,
+    ) -> Holder {
+        Holder {
+            machine,
+            shared,
+            manifests,
+            keys,
+            uploads: Arc::new(Semaphore::new(limits.uploads)),
+            rate: limits.bytes_per_second.map(Rate::new),
+            parsed: Mutex::default(),
+            closing: CancellationToken::new(),
+        }
+    }
+}
+
+pub fn router(holder: Arc<Holder>) -> Router {
+    Router::new()
+        .route("/v1/copies/{folder}/manifest", get(manifest))
+        .route("/v1/copies/{folder}/files/{*path}", get(file))
+        .with_state(holder)
+}
+
+/// Serves the data port on `listener` until `stop` is cancelled; uploads under way then end.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    holder: Arc<Holder>,
+    stop: CancellationToken,
+) -> std::io::Result<()> {
+    let closing = holder.closing.clone();
+    axum::serve(listener, router(holder))
+        .with_graceful_shutdown(async move {
+            stop.cancelled().await;
+            closing.cancel();
+        })
+        .await
+}
+
+/// A refusal, answered as `{"error": {"code", "message"}}` like the server's API.
+#[derive(Debug)]
+struct Refusal(StatusCode, String);
+
+impl IntoResponse for Refusal {
+    fn into_response(self) -> Response {
+        let Refusal(status, message) = self;
+        let code = status.canonical_reason().unwrap_or("error").to_lowercase().replace(' ', "_");
+        let body = Json(serde_json::json!({"error": {"code": code, "message": message}}));
+        let mut response = (status, body).into_response();
+        let headers = response.headers_mut();
+        if status == StatusCode::SERVICE_UNAVAILABLE {
+            headers.insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECONDS));
+        }
+        if status == StatusCode::UNAUTHORIZED {
+            headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        response
+    }
+}
+
+/// A copy the token grants, as found on disk.
+struct Copy {
+    drives: OwnedFd,
+    root: OwnedFd,
+    digest: Digest,
+}
+
+async fn manifest(
+    State(holder): State<Arc<Holder>>,
+    Path(folder): Path<String>,
+    headers: HeaderMap,
+) -> Result<Response, Refusal> {
+    let grant = holder.authorize(&headers, &folder).await?;
+    let copy = holder.copy(&grant)?;
+    let permit = holder.permit()?;
+    let store = beneath::open_dir(&copy.drives, keep::FOLDER);
+    let opened = store.and_then(|store| beneath::open_file(&store, &keep::file_name(&folder)));
+    let (file, size) =
+        opened.map_err(|e| conflict(format!("the manifest of {folder} cannot be read here: {e}")))?;
+    Ok(holder.send(file, 0, size, permit).await)
+}
+
+async fn file(
+    State(holder): State<Arc<Holder>>,
+    Path((folder, path)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> Result<Response, Refusal> {
+    let grant = holder.authorize(&headers, &folder).await?;
+    let copy = holder.copy(&grant)?;
+    let permit = holder.permit()?;
+    let manifest = holder.parsed(&folder, &copy).await?;
+    let entries = manifest.entries();
+    let listed = entries.binary_search_by(|e| e.path().cmp(&path)).ok().map(|i| &entries[i]);
+    let Some(entry) = listed.filter(|e| !e.is_dir()) else {
+        return Err(Refusal(StatusCode::NOT_FOUND, format!("{path} is not a file of {folder}'s manifest")));
+    };
+    let start = range_start(&headers, entry.size())?;
+    let differs = |why: String| {
+        conflict(format!("the copy of {folder} here differs from its manifest at {path}: {why}"))
+    };
+    let (parent, name) =
+        beneath::open_parent(&copy.root, entry.path()).map_err(|e| differs(e.to_string()))?;
+    let (file, size) = beneath::open_file(&parent, name).map_err(|e| differs(e.to_string()))?;
+    if size != entry.size() {
+        return Err(differs(format!("{size} bytes, not the {} listed", entry.size())));
+    }
+    Ok(holder.send(file, start, size, permit).await)
+}
+
+fn conflict(message: String) -> Refusal {
+    Refusal(StatusCode::CONFLICT, message)
+}
+
+impl Holder {
+    /// The grant of the request's token, if it is for this machine's copy in `folder`.
+    async fn authorize(&self, headers: &HeaderMap, folder: &str) -> Result<TransferClaims, Refusal> {
+        let unauthorized = |m: String| Refusal(StatusCode::UNAUTHORIZED, m);
+        let token = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .ok_or_else(|| unauthorized("no transfer token: send Authorization: Bearer <token>".into()))?;
+        let grant = self
+            .keys
+            .verify_transfer(token.trim())
+            .await
+            .map_err(|e| unauthorized(format!("the transfer token is not valid: {e}")))?;
+        let forbidden = |m: String| Refusal(StatusCode::FORBIDDEN, m);
+        if grant.source != self.machine {
+            return Err(forbidden(format!(
+                "the transfer token is for machine {}, not this one",
+                grant.source
+            )));
+        }
+        if grant.folder != folder {
+            return Err(forbidden(format!("the transfer token is for {}, not {folder}", grant.folder)));
+        }
+        Ok(grant)
+    }
+
+    /// The copy `grant` names, if it is here, complete, of the grant's drive and manifest.
+    fn copy(&self, grant: &TransferClaims) -> Result<Copy, Refusal> {
+        let folder = grant.folder.as_str();
+        let missing = || Refusal(StatusCode::NOT_FOUND, format!("no copy of {folder} here"));
+        let dir = self.shared.data_location.lock().expect("not poisoned").clone().ok_or_else(missing)?;
+        if !disk::plain(folder) || folder.starts_with('.') {
+            return Err(missing());
+        }
+        let drives = disk::open_drives(&dir).ok_or_else(missing)?;
+        let root = beneath::open_dir(&drives, folder).map_err(|_| missing())?;
+        match disk::complete_copy(&drives, folder) {
+            None => return Err(conflict(format!("the copy of {folder} here is not complete"))),
+            Some(id) if id != grant.drive => {
+                let why = format!("the copy of {folder} here was made for another drive than the token's");
+                return Err(Refusal(StatusCode::FORBIDDEN, why));
+            }
+            Some(_) => {}
+        }
+        let digest = Digest::parse(&grant.manifest).map_err(|why| Refusal(StatusCode::FORBIDDEN, why))?;
+        if self.manifests.digest(folder, Some(grant.drive)) != Some(digest) {
+            let why = format!(
+                "the copy of {folder} here has no manifest of digest {digest} (it changed, or its manifest is not made yet)"
+            );
+            return Err(conflict(why));
+        }
+        Ok(Copy { drives, root, digest })
+    }
+
+    fn permit(&self) -> Result<OwnedSemaphorePermit, Refusal> {
+        self.uploads.clone().try_acquire_owned().map_err(|_| {
+            let why =
+                format!("this machine is sending as many copies as it may: retry in {RETRY_AFTER_SECONDS} s");
+            Refusal(StatusCode::SERVICE_UNAVAILABLE, why)
+        })
+    }
+
+    /// The copy's manifest, parsed once per digest and kept while it is among the last used.
+    async fn parsed(&self, folder: &str, copy: &Copy) -> Result<Arc<Manifest>, Refusal> {
+        let cell = {
+            let mut parsed = self.parsed.lock().expect("not poisoned");
+            let at = parsed.iter().position(|p| p.folder == folder && p.digest == copy.digest);
+            let entry = match at {
+                Some(i) => parsed.remove(i),
+                None => Parsed { folder: folder.to_owned(), digest: copy.digest, manifest: Arc::default() },
+            };
+            let cell = entry.manifest.clone();
+            parsed.push(entry);
+            if parsed.len() > PARSED_KEPT {
+                parsed.remove(0);
+            }
+            cell
+        };
+        let store = beneath::open_dir(&copy.drives, keep::FOLDER);
+        let digest = copy.digest;
+        let read = async {
+            let (mut file, _) = store
+                .and_then(|store| beneath::open_file(&store, &keep::file_name(folder)))
+                .map_err(|e| e.to_string())?;
+            let parse = tokio::task::spawn_blocking(move || Manifest::read(&mut file, &digest));
+            let manifest = parse.await.map_err(|e| e.to_string())?.map_err(|e| e.to_string())?;
+            Ok::<_, String>(Arc::new(manifest))
+        };
+        let manifest = cell.get_or_try_init(|| read).await;
+        manifest
+            .cloned()
+            .map_err(|why| conflict(format!("the manifest of {folder} cannot be read here: {why}")))
+    }
+
+    /// Answers with bytes `start..size` of `file`, at the shared rate, holding `permit` until
+    /// the last is sent or the receiver goes.
+    async fn send(
+        &self,
+        file: std::fs::File,
+        start: u64,
+        size: u64,
+        permit: OwnedSemaphorePermit,
+    ) -> Response {
+        let mut file = tokio::fs::File::from_std(file);
+        if start > 0 && file.seek(SeekFrom::Start(start)).await.is_err() {
+            return conflict("cannot read the file here".into()).into_response();
+        }
+        let state = Upload { file, left: size - start, rate: self.rate.clone(), _permit: permit };
+        let closing = self.closing.clone();
+        let stream = futures::stream::unfold(state, |mut up| async move {
+            let piece = up.next().await?;
+            Some((piece, up))
+        });
+        let body = Body::from_stream(futures::StreamExt::take_until(stream, closing.cancelled_owned()));
+        let mut response = Response::new(body);
+        let headers = response.headers_mut();
+        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/octet-stream"));
+        headers.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
+        headers.insert(header::CONTENT_LENGTH, HeaderValue::from(size - start));
+        if start > 0 {
+            let range = format!("bytes {start}-{}/{size}", size - 1);
+            headers.insert(header::CONTENT_RANGE, HeaderValue::from_str(&range).expect("ASCII"));
+            *response.status_mut() = StatusCode::PARTIAL_CONTENT;
+        }
+        response
+    }
+}
+
+/// A file being sent.
+struct Upload {
+    file: tokio::fs::File,
+    left: u64,
+    rate: Option<Rate>,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl Upload {
+    /// The next piece; an error when the file ends early (it shrank since it was opened),
+    /// which cuts the answer short rather than let it pass for whole.
+    async fn next(&mut self) -> Option<Result<Bytes, std::io::Error>> {
+        if self.left == 0 {
+            return None;
+        }
+        let want = self.left.min(PIECE as u64) as usize;
+        let mut buf = vec![0u8; want];
+        let read = match self.file.read(&mut buf).await {
+            Ok(0) => return Some(Err(std::io::ErrorKind::UnexpectedEof.into())),
+            Ok(n) => n,
+            Err(e) => return Some(Err(e)),
+        };
+        buf.truncate(read);
+        self.left -= read as u64;
+        if let Some(rate) = &self.rate {
+            rate.take(read as u64).await;
+        }
+        Some(Ok(Bytes::from(buf)))
+    }
+}
+
+/// Where the answer starts: 0 without a `Range`; N for `bytes=N-` with N before the end. Only
+/// that form is served: it is all a resuming receiver asks.
+fn range_start(headers: &HeaderMap, size: u64) -> Result<u64, Refusal> {
+    let Some(range) = headers.get(header::RANGE) else { return Ok(0) };
+    let start = range
+        .to_str()
+        .ok()
+        .and_then(|r| r.strip_prefix("bytes="))
+        .and_then(|r| r.strip_suffix('-'))
+        .filter(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+        .and_then(|n| n.parse::<u64>().ok());
+    match start {
+        Some(n) if n < size => Ok(n),
+        _ => Err(Refusal(
+            StatusCode::RANGE_NOT_SATISFIABLE,
+            format!("only Range: bytes=N- with N below the file's {size} bytes is served"),
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_range_is_bytes_from_n_to_the_end_within_the_file() {
+        let cases = [
+            (None, 10, Ok(0)),
+            (Some("bytes=0-"), 10, Ok(0)),
+            (Some("bytes=9-"), 10, Ok(9)),
+            (Some("bytes=10-"), 10, Err(416)),
+            (Some("bytes=0-"), 0, Err(416)),
+            (Some("bytes=1-5"), 10, Err(416)),
+            (Some("bytes=-5"), 10, Err(416)),
+            (Some("bytes=+1-"), 10, Err(416)),
+            (Some("bytes=1-,3-"), 10, Err(416)),
+            (Some("items=1-"), 10, Err(416)),
+            (Some("bytes=99999999999999999999-"), 10, Err(416)),
+        ];
+        for (range, size, expected) in cases {
+            let mut headers = HeaderMap::new();
+            if let Some(r) = range {
+                headers.insert(header::RANGE, HeaderValue::from_static(r));
+            }
+            let got = range_start(&headers, size).map_err(|r| r.0.as_u16());
+            assert_eq!(got, expected, "{range:?} of {size}");
+        }
+    }
+}

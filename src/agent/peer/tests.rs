@@ -1,0 +1,404 @@
+//! A holder and a receiver over real HTTP on loopback, each with a data location of its own,
+//! with tokens signed by real keys.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::response::Response;
+use futures::StreamExt;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use super::*;
+use crate::agent::Shared;
+use crate::agent::disk::{self, COPY_ID, MARKER};
+use crate::agent::manifest::{self, CHUNK_BYTES, Digest, Manifest, Manifests, keep};
+use crate::auth::Keys;
+use crate::auth::transfer::{TransferClaims, mint_transfer};
+
+const FOLDER: &str = "default.food101";
+const BIG: &str = "train/00000.parquet";
+const BIG_BYTES: usize = 20 << 20;
+
+/// A holder serving a complete copy of a drive on loopback.
+struct Source {
+    dir: tempfile::TempDir,
+    url: String,
+    machine: Uuid,
+    drive: Uuid,
+    digest: Digest,
+    keys: Keys,
+    /// Bytes the port sends before it cuts every answer short.
+    budget: Arc<AtomicI64>,
+}
+
+/// The copy: a file of three chunks, small ones, an empty one and an empty folder.
+fn fill(copy: &Path) -> u64 {
+    let mut big = vec![0u8; BIG_BYTES];
+    blake3::Hasher::new().update(b"food101").finalize_xof().fill(&mut big);
+    let files: [(&str, &[u8]); 4] = [
+        (BIG, &big),
+        ("train/00012.parquet", &[7u8; 1000]),
+        ("meta/labels.txt", b"apple_pie\nbaby_back_ribs\n"),
+        ("empty.bin", b""),
+    ];
+    for (path, data) in files {
+        std::fs::create_dir_all(copy.join(path).parent().unwrap()).unwrap();
+        std::fs::write(copy.join(path), data).unwrap();
+    }
+    std::fs::create_dir(copy.join("val")).unwrap();
+    std::fs::write(copy.join(MARKER), "").unwrap();
+    files.iter().map(|(_, d)| d.len() as u64).sum()
+}
+
+impl Source {
+    async fn start(limits: ServeLimits) -> Source {
+        let dir = tempfile::tempdir().unwrap();
+        let (machine, drive) = (Uuid::now_v7(), Uuid::now_v7());
+        let me = rustix::process::getuid().as_raw();
+        fill(&disk::fill_folder(dir.path(), FOLDER, drive, me).unwrap());
+        let manifests = Arc::new(Manifests::default());
+        manifests.settle();
+        keep::pass(&manifests, dir.path(), &CancellationToken::new());
+        let digest = manifests.digest(FOLDER, Some(drive)).expect("the copy's manifest is made");
+        let shared = Arc::new(Shared::default());
+        *shared.data_location.lock().unwrap() = Some(dir.path().to_path_buf());
+        let pem = Keys::generate_pem().unwrap();
+        let trusted = Arc::new(TrustedKeys::fixed(Keys::from_pem(&pem).unwrap().public()));
+        let holder = Arc::new(Holder::new(machine, shared, manifests, trusted, &limits));
+        let budget = Arc::new(AtomicI64::new(i64::MAX));
+        let router = cutting(serve::router(holder), budget.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
+        Source { dir, url, machine, drive, digest, keys: Keys::from_pem(&pem).unwrap(), budget }
+    }
+
+    async fn new() -> Source {
+        Source::start(ServeLimits { uploads: 4, bytes_per_second: None }).await
+    }
+
+    fn copy(&self) -> PathBuf {
+        self.dir.path().join("drives").join(FOLDER)
+    }
+
+    /// A token of this holder's copy, with what `change` makes of its grant.
+    fn token_with(&self, change: impl FnOnce(&mut TransferClaims)) -> String {
+        let digest = self.digest.to_string();
+        let mut claims = TransferClaims::new(
+            self.machine,
+            Uuid::now_v7(),
+            self.drive,
+            FOLDER,
+            &digest,
+            chrono::Utc::now(),
+        );
+        change(&mut claims);
+        mint_transfer(&self.keys, &claims)
+    }
+
+    fn order(&self) -> Order {
+        self.order_with(|_| {})
+    }
+
+    fn order_with(&self, change: impl FnOnce(&mut TransferClaims)) -> Order {
+        let token = self.token_with(change);
+        Order {
+            source: self.url.clone(),
+            token,
+            folder: FOLDER.into(),
+            drive_id: self.drive,
+            digest: self.digest,
+        }
+    }
+
+    /// A GET of the data port's `path` with `token`, and `range`.
+    async fn get(&self, path: &str, token: Option<&str>, range: Option<&str>) -> reqwest::Response {
+        let mut request = reqwest::Client::new().get(format!("{}{path}", self.url));
+        if let Some(t) = token {
+            request = request.bearer_auth(t);
+        }
+        if let Some(r) = range {
+            request = request.header("range", r);
+        }
+        request.send().await.unwrap()
+    }
+}
+
+/// The data port with every answer cut once `budget` bytes were sent in all.
+fn cutting(router: axum::Router, budget: Arc<AtomicI64>) -> axum::Router {
+    router.layer(axum::middleware::map_response(move |response: Response| {
+        let budget = budget.clone();
+        async move {
+            let (parts, body) = response.into_parts();
+            let cut = body.into_data_stream().map(move |piece| {
+                let piece = piece.map_err(axum::BoxError::from)?;
+                if budget.fetch_sub(piece.len() as i64, Ordering::SeqCst) < piece.len() as i64 {
+                    return Err("cut".into());
+                }
+                Ok::<_, axum::BoxError>(piece)
+            });
+            Response::from_parts(parts, Body::from_stream(cut))
+        }
+    }))
+}
+
+/// A receiving machine's data location.
+struct Receiver {
+    dir: tempfile::TempDir,
+    manifests: Arc<Manifests>,
+}
+
+impl Receiver {
+    fn new() -> Receiver {
+        Receiver { dir: tempfile::tempdir().unwrap(), manifests: Arc::new(Manifests::default()) }
+    }
+
+    async fn pull(&self, order: &Order, limits: &PullLimits) -> Result<PullReport, PullError> {
+        pull(order, self.dir.path(), &self.manifests, limits, &CancellationToken::new()).await
+    }
+
+    fn copy(&self) -> PathBuf {
+        self.dir.path().join("drives").join(FOLDER)
+    }
+
+    fn drives(&self) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(self.dir.path().join("drives"))
+            .map(|d| d.map(|e| e.unwrap().file_name().into_string().unwrap()).collect())
+            .unwrap_or_default();
+        names.sort();
+        names
+    }
+}
+
+/// The manifest kept for `folder` at `dir`, read with `digest`.
+fn stored_manifest(dir: &Path, digest: &Digest) -> Manifest {
+    let path = dir.join("drives").join(keep::FOLDER).join(keep::file_name(FOLDER));
+    Manifest::read(&mut std::fs::File::open(path).unwrap(), digest).unwrap()
+}
+
+fn modified(path: &Path) -> std::time::SystemTime {
+    std::fs::symlink_metadata(path).unwrap().modified().unwrap()
+}
+
+#[tokio::test]
+async fn a_pull_makes_a_copy_equal_to_the_source_with_its_manifest_and_the_marker_last() {
+    let source = Source::new().await;
+    let receiver = Receiver::new();
+    let report = receiver.pull(&source.order(), &PullLimits::default()).await.unwrap();
+    let total = BIG_BYTES as u64 + 1000 + 25;
+    assert_eq!(report, PullReport { received: total, kept: 0, files: 4 });
+
+    let manifest = stored_manifest(receiver.dir.path(), &source.digest);
+    assert!(manifest::check(&receiver.copy(), &manifest).unwrap().is_clear());
+    for entry in manifest.entries().iter().filter(|e| !e.is_dir()) {
+        let (theirs, ours) = (source.copy().join(entry.path()), receiver.copy().join(entry.path()));
+        assert_eq!(std::fs::read(ours).unwrap(), std::fs::read(theirs).unwrap(), "{}", entry.path());
+    }
+    assert_eq!(std::fs::read_to_string(receiver.copy().join(COPY_ID)).unwrap(), source.drive.to_string());
+    assert!(disk::holds(receiver.dir.path(), FOLDER, source.drive));
+    // The marker was written after every file and after the manifest was kept.
+    let marker = modified(&receiver.copy().join(MARKER));
+    let kept = receiver.dir.path().join("drives").join(keep::FOLDER).join(keep::file_name(FOLDER));
+    assert!(modified(&kept) <= marker);
+    for entry in manifest.entries() {
+        assert!(modified(&receiver.copy().join(entry.path())) <= marker, "{}", entry.path());
+    }
+    // Nothing is left beside the copy, and its digest is known at once.
+    assert_eq!(receiver.drives(), [keep::FOLDER, FOLDER]);
+    assert_eq!(receiver.manifests.digest(FOLDER, Some(source.drive)), Some(source.digest));
+    let heartbeat = disk::report(receiver.dir.path(), &Default::default(), &receiver.manifests);
+    let reported = &heartbeat.copies[0];
+    assert!(reported.complete);
+    assert_eq!(reported.manifest, Some(source.digest.to_string()));
+
+    // The agent's manifest passes keep it rather than make it again.
+    let before = modified(&kept);
+    receiver.manifests.settle();
+    keep::pass(&receiver.manifests, receiver.dir.path(), &CancellationToken::new());
+    assert_eq!(receiver.manifests.digest(FOLDER, Some(source.drive)), Some(source.digest));
+    assert_eq!(modified(&kept), before);
+    // A pull again finds the copy whole and receives nothing.
+    let again = receiver.pull(&source.order(), &PullLimits::default()).await.unwrap();
+    assert_eq!(again, PullReport::default());
+}
+
+#[tokio::test]
+async fn a_byte_changed_at_the_source_is_caught_and_named_and_nothing_takes_the_copys_place() {
+    let source = Source::new().await;
+    let path = source.copy().join("train/00012.parquet");
+    let mut data = std::fs::read(&path).unwrap();
+    data[500] ^= 1;
+    std::fs::write(&path, data).unwrap();
+    let receiver = Receiver::new();
+    let err = receiver.pull(&source.order(), &PullLimits::default()).await.unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "peer copy of default.food101 differs from its manifest at train/00012.parquet"
+    );
+    assert!(!err.retryable());
+    assert!(!receiver.copy().exists());
+    assert_eq!(receiver.manifests.digest(FOLDER, Some(source.drive)), None);
+}
+
+#[tokio::test]
+async fn a_transfer_cut_mid_file_resumes_keeping_the_chunks_received() {
+    let source = Source::new().await;
+    let receiver = Receiver::new();
+    // The manifest and 12 MiB of the 20 MiB file, then the connection drops.
+    source.budget.store(12 << 20, Ordering::SeqCst);
+    let err = receiver.pull(&source.order(), &PullLimits::default()).await.unwrap_err();
+    assert!(err.retryable(), "{err}");
+    assert!(!receiver.copy().exists());
+    // Left over in the folder being received: nothing the manifest lists, and a link out.
+    let staging = receiver.dir.path().join("drives").join(format!("{STAGING}{FOLDER}"));
+    std::fs::create_dir_all(staging.join("junk")).unwrap();
+    std::fs::write(staging.join("junk/file"), "x").unwrap();
+    std::os::unix::fs::symlink("/etc", staging.join("train/etc")).unwrap();
+
+    source.budget.store(i64::MAX, Ordering::SeqCst);
+    let report = receiver.pull(&source.order(), &PullLimits::default()).await.unwrap();
+    // The first 8 MiB chunk came whole before the cut; the second did not.
+    assert!(report.kept >= CHUNK_BYTES, "{report:?}");
+    assert_eq!(report.kept + report.received, BIG_BYTES as u64 + 1000 + 25);
+    let manifest = stored_manifest(receiver.dir.path(), &source.digest);
+    assert!(manifest::check(&receiver.copy(), &manifest).unwrap().is_clear());
+    assert!(receiver.copy().join(MARKER).exists());
+}
+
+#[tokio::test]
+async fn a_cancelled_pull_resumes_where_it_stopped() {
+    let source = Source::new().await;
+    let receiver = Arc::new(Receiver::new());
+    let cancel = CancellationToken::new();
+    let slow = PullLimits {
+        rate: Some(Rate::new(std::num::NonZeroU64::new(8 << 20).unwrap())),
+        ..PullLimits::default()
+    };
+    let running = tokio::spawn({
+        let (order, receiver, cancel) = (source.order(), receiver.clone(), cancel.clone());
+        async move { pull(&order, receiver.dir.path(), &receiver.manifests, &slow, &cancel).await }
+    });
+    let partial = receiver.dir.path().join("drives").join(format!("{STAGING}{FOLDER}")).join(BIG);
+    let mut waited = Duration::ZERO;
+    while std::fs::metadata(&partial).map_or(0, |m| m.len()) < CHUNK_BYTES + (1 << 20) {
+        assert!(waited < Duration::from_secs(20), "the pull does not progress");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        waited += Duration::from_millis(20);
+    }
+    cancel.cancel();
+    assert_eq!(running.await.unwrap(), Err(PullError::Cancelled));
+
+    let report = receiver.pull(&source.order(), &PullLimits::default()).await.unwrap();
+    assert!(report.kept >= CHUNK_BYTES, "{report:?}");
+    assert!(receiver.copy().join(MARKER).exists());
+}
+
+#[tokio::test]
+async fn a_token_for_another_folder_drive_or_machine_is_refused_and_nothing_is_written() {
+    let source = Source::new().await;
+    let receiver = Receiver::new();
+    let (folder, drive, machine) = (Uuid::now_v7(), Uuid::now_v7(), Uuid::now_v7());
+    let forbidden = [
+        ("folder", source.order_with(|c| c.folder = format!("default.{}", folder.simple()))),
+        ("drive", source.order_with(|c| c.drive = drive)),
+        ("machine", source.order_with(|c| c.source = machine)),
+    ];
+    for (what, order) in forbidden {
+        let err = receiver.pull(&order, &PullLimits::default()).await.unwrap_err();
+        assert!(matches!(err, PullError::Refused { status: 403, .. }), "another {what}: {err}");
+    }
+    let other_digest = Digest::parse(&"0".repeat(64)).unwrap().to_string();
+    let err = receiver.pull(&source.order_with(|c| c.manifest = other_digest), &PullLimits::default()).await;
+    assert!(matches!(err, Err(PullError::Refused { status: 409, .. })), "{err:?}");
+    let expired = source.order_with(|c| c.exp = chrono::Utc::now().timestamp() - 60);
+    let err = receiver.pull(&expired, &PullLimits::default()).await.unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "the peer refused (401): the transfer token is not valid: the token has expired"
+    );
+    assert!(receiver.drives().is_empty(), "{:?}", receiver.drives());
+}
+
+#[tokio::test]
+async fn only_files_the_manifest_lists_are_served_and_from_where_asked() {
+    let source = Source::new().await;
+    let token = source.token_with(|_| {});
+    let files = format!("/v1/copies/{FOLDER}/files");
+    for path in ["etc/passwd", "..%2F..%2F..%2Fetc%2Fpasswd", "val", COPY_ID, MARKER, "train"] {
+        let response = source.get(&format!("{files}/{path}"), Some(&token), None).await;
+        assert_eq!(response.status(), 404, "{path}");
+    }
+    let whole = source.get(&format!("{files}/train/00012.parquet"), Some(&token), None).await;
+    assert_eq!(whole.status(), 200);
+    assert_eq!(whole.bytes().await.unwrap().len(), 1000);
+    let rest = source.get(&format!("{files}/meta/labels.txt"), Some(&token), Some("bytes=6-")).await;
+    assert_eq!(rest.status(), 206);
+    assert_eq!(rest.headers()["content-range"], "bytes 6-24/25");
+    assert_eq!(rest.text().await.unwrap(), "pie\nbaby_back_ribs\n");
+    let past = source.get(&format!("{files}/meta/labels.txt"), Some(&token), Some("bytes=25-")).await;
+    assert_eq!(past.status(), 416);
+
+    assert_eq!(source.get(&format!("{files}/empty.bin"), None, None).await.status(), 401);
+    assert_eq!(source.get(&format!("{files}/empty.bin"), Some("not-a-token"), None).await.status(), 401);
+    // A token of another server's keys.
+    let foreign = mint_transfer(
+        &Keys::from_pem(&Keys::generate_pem().unwrap()).unwrap(),
+        &TransferClaims::new(
+            source.machine,
+            Uuid::now_v7(),
+            source.drive,
+            FOLDER,
+            &source.digest.to_string(),
+            chrono::Utc::now(),
+        ),
+    );
+    assert_eq!(source.get(&format!("{files}/empty.bin"), Some(&foreign), None).await.status(), 401);
+
+    // A copy that lost its marker is not served, though its manifest is still known.
+    std::fs::remove_file(source.copy().join(MARKER)).unwrap();
+    let response = source.get(&format!("/v1/copies/{FOLDER}/manifest"), Some(&token), None).await;
+    assert_eq!(response.status(), 409);
+}
+
+#[tokio::test]
+async fn uploads_past_the_limit_are_told_to_come_back() {
+    let source = Source::start(ServeLimits { uploads: 1, bytes_per_second: None }).await;
+    let token = source.token_with(|_| {});
+    let big = format!("/v1/copies/{FOLDER}/files/{BIG}");
+    // Headers read, body not: the upload holds its slot.
+    let first = source.get(&big, Some(&token), None).await;
+    assert_eq!(first.status(), 200);
+    let second = source.get(&big, Some(&token), None).await;
+    assert_eq!(second.status(), 503);
+    assert_eq!(second.headers()["retry-after"], "5");
+    let busy = Receiver::new().pull(&source.order(), &PullLimits::default()).await.unwrap_err();
+    assert_eq!(busy, PullError::Busy { retry_after: Duration::from_secs(5) });
+    assert!(busy.retryable());
+
+    // The slot is free once the first receiver goes.
+    drop(first);
+    let mut waited = Duration::ZERO;
+    while source.get(&big, Some(&token), None).await.status() == 503 {
+        assert!(waited < Duration::from_secs(10), "the slot is never given back");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        waited += Duration::from_millis(50);
+    }
+}
+
+#[tokio::test]
+async fn a_pull_that_does_not_fit_is_refused_before_it_starts() {
+    let source = Source::new().await;
+    let receiver = Receiver::new();
+    let limits = PullLimits { reserve_bytes: u64::MAX / 2, ..PullLimits::default() };
+    let err = receiver.pull(&source.order(), &limits).await.unwrap_err();
+    assert!(matches!(err, PullError::NoRoom { needed, .. } if needed == BIG_BYTES as u64 + 1025), "{err}");
+    assert!(
+        err.to_string()
+            .starts_with("peer copy of default.food101 needs 21.0 MB at this machine's data location"),
+        "{err}"
+    );
+}

@@ -55,7 +55,8 @@ pub struct Beats {
 
 /// A report's copies, order aside: the agent lists them as its disk does.
 pub fn digest(copies: &[CopyReport], reserve_bytes: i64) -> u64 {
-    let mut sorted: Vec<(&str, Option<uuid::Uuid>, u64, bool, Option<&str>)> = copies
+    type Row<'a> = (&'a str, Option<uuid::Uuid>, u64, bool, Option<&'a str>);
+    let mut sorted: Vec<Row> = copies
         .iter()
         .map(|c| (c.drive.as_str(), c.drive_id, c.bytes, c.complete, c.manifest.as_deref()))
         .collect();

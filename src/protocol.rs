@@ -52,6 +52,10 @@ pub struct HeartbeatRequest {
     /// heartbeat the server answered.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub images: Option<Vec<ImageReport>>,
+    /// Where this agent serves its whole copies to peers (`http://host:port`, its
+    /// `--data-listen`); sent only when it changed since the last heartbeat the server answered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data_address: Option<String>,
 }
 
 /// A container image the machine holds.
@@ -161,6 +165,23 @@ pub struct Assignment {
     /// The registry auth file from the task's image_pull_secret; absent when it has none.
     #[serde(default)]
     pub image_pull_auth: Option<String>,
+    /// A fill that pulls its copy from a peer holding a whole one, instead of running its image.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peer: Option<PeerSource>,
+}
+
+/// The peer a fill pulls its copy from.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PeerSource {
+    /// The holder's data port, as its agent reported it (`http://host:port`).
+    pub address: String,
+    /// The holder's name, for messages.
+    pub machine: String,
+    /// The digest of the holder's manifest, which the copy received must match.
+    pub manifest: String,
+    /// A transfer token for this drive, from that holder to this machine; a fresh one comes
+    /// from `POST /agent/v1/workers/{id}/transfer-token`.
+    pub token: String,
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize)]

@@ -57,6 +57,7 @@ pub fn report(dir: &Path, sizes: &Sizes, manifests: &Manifests) -> HeartbeatRequ
         data_location: DataUsage { total_bytes, used_bytes, free_bytes, reserve_bytes: 0 },
         copies,
         images: None,
+        data_address: None,
     }
 }
 

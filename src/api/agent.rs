@@ -698,6 +698,7 @@ fn assignment(
         },
         id_slot: u32::try_from(row.id_slot).map_err(anyhow::Error::from)?,
         fill: row.fill_drive.is_some(),
+        peer: None,
         image_pull_auth,
     })
 }

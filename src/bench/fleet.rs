@@ -270,6 +270,7 @@ impl Fleet {
             },
             copies,
             images: None,
+            data_address: None,
         }
     }
 

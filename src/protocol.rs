@@ -170,6 +170,12 @@ pub struct Assignment {
     pub peer: Option<PeerSource>,
 }
 
+/// A fresh transfer token for a fill that pulls from a peer.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TransferToken {
+    pub token: String,
+}
+
 /// The peer a fill pulls its copy from.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct PeerSource {

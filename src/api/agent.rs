@@ -20,8 +20,10 @@ use uuid::Uuid;
 use super::AppState;
 use super::error::ApiError;
 use super::extract::{Body, IfNoneMatch, Params, Path};
+use crate::auth::Keys;
 use crate::auth::machine::{self, verify_credential};
 use crate::auth::seal;
+use crate::auth::transfer::{TransferClaims, mint_transfer};
 use crate::beats;
 use crate::domain::drive::{Location, full_name};
 use crate::domain::grant::{self, Grant};
@@ -35,7 +37,8 @@ use crate::hub;
 use crate::kept::Kept;
 use crate::protocol::{
     self, Ack, Assignment, Assignments, HeartbeatRequest, HeartbeatResponse, ImageReport, JoinRequest,
-    JoinResponse, Limits, LogUpload, MountSource, MountSpec, ServerKeys, StatusReport,
+    JoinResponse, Limits, LogUpload, MountSource, MountSpec, PeerSource, ServerKeys, StatusReport,
+    TransferToken,
 };
 use crate::store::{
     self, drives::DriveRecord, machines::Joining, secrets::SealedRow, workers::AssignmentRow,
@@ -63,6 +66,7 @@ pub fn router() -> Router<AppState> {
         .route("/agent/v1/workers/{id}/status", post(report_status))
         .route("/agent/v1/workers/{id}/logs", post(upload_logs))
         .route("/agent/v1/keys", get(server_keys))
+        .route("/agent/v1/workers/{id}/transfer-token", post(transfer_token))
 }
 
 /// The route that needs no credential: a join, limited per client address by the caller.
@@ -166,6 +170,19 @@ async fn join(
     Ok(Json(JoinResponse { credential, machine: m.name, cluster: m.cluster }))
 }
 
+/// An agent's data port as peers reach it: `http(s)://host:port`, nothing more.
+fn check_data_address(address: &str) -> Result<(), ApiError> {
+    let rest = address.strip_prefix("http://").or_else(|| address.strip_prefix("https://"));
+    let plain = |r: &str| {
+        !r.is_empty()
+            && r.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | ':' | '[' | ']'))
+    };
+    match rest {
+        Some(r) if plain(r) && address.len() <= 255 => Ok(()),
+        _ => Err(ApiError::invalid("data_address", "must be http://host:port or https://host:port")),
+    }
+}
+
 /// The server's public keys, for agents to check transfer tokens with on their own. Any machine
 /// may read them: they are public, and the credential only keeps strangers from counting keys.
 async fn server_keys(State(app): State<AppState>, _caller: MachineCaller) -> Json<ServerKeys> {
@@ -228,6 +245,10 @@ async fn heartbeat(
     if let Some(images) = &req.images {
         check_images(images)?;
         store::machines::set_images(&app.db, caller.id, images).await?;
+    }
+    if let Some(address) = &req.data_address {
+        check_data_address(address)?;
+        store::machines::set_data_address(&app.db, caller.id, address).await?;
     }
     let digest = beats::digest(&req.copies, usage.reserve_bytes);
     // Whatever the server changed on its side since is announced by a trigger and forgotten
@@ -397,7 +418,8 @@ async fn answer(
                 continue;
             }
         };
-        let a = assignment(&refs, run, row, opened)?;
+        let peer = peer_source(&app.keys, machine, &row);
+        let a = assignment(&refs, run, row, opened, peer)?;
         let size = json_size(&a);
         if let Some(last) = workers.last().filter(|_| bytes + size > ANSWER_BYTES) {
             let last: &Assignment = last;
@@ -617,12 +639,48 @@ async fn restarted(tx: &mut PgConnection, worker: Uuid, after: Duration, reason:
     store::events::record(&mut *tx, &event).await
 }
 
+/// A fresh transfer token for a fill of this machine that pulls from a peer: its pull outlasted
+/// the one its assignment carried.
+async fn transfer_token(
+    State(app): State<AppState>,
+    caller: MachineCaller,
+    Path(id): Path<Uuid>,
+) -> Result<Json<TransferToken>, ApiError> {
+    let row = store::workers::assigned(&app.db, caller.id, id).await?;
+    let peer = row.as_ref().and_then(|row| peer_source(&app.keys, caller.id, row));
+    match peer {
+        Some(p) => Ok(Json(TransferToken { token: p.token })),
+        None => Err(ApiError::NotFound(format!("worker {id} on {} pulls from no peer", caller.name))),
+    }
+}
+
+/// For a fill from a peer, where to pull from, with a fresh transfer token for that holder,
+/// this drive and this machine. `None` for any other worker, and for a fill whose holder no
+/// longer serves a data port (its pull fails, and the fill goes back to its template).
+fn peer_source(keys: &Keys, machine: Uuid, row: &AssignmentRow) -> Option<PeerSource> {
+    let (Some(holder), Some(name), Some(address), Some(manifest)) =
+        (row.peer_id, &row.peer_name, &row.peer_address, &row.peer_manifest)
+    else {
+        return None;
+    };
+    let (drive, drive_id) = (row.fill_drive.as_ref()?, row.fill_drive_id?);
+    let folder = full_name(&row.namespace, drive);
+    let claims = TransferClaims::new(holder, machine, drive_id, &folder, manifest, Utc::now());
+    Some(PeerSource {
+        address: address.clone(),
+        machine: name.clone(),
+        manifest: manifest.clone(),
+        token: mint_transfer(keys, &claims),
+    })
+}
+
 /// Turns a worker row into what the agent runs: mounts resolved, secrets as opened.
 fn assignment(
     refs: &Referenced,
     run: &RunSpec,
     row: AssignmentRow,
     opened: Opened,
+    peer: Option<PeerSource>,
 ) -> Result<Assignment, ApiError> {
     let task = &run.task_template;
     let Opened { env, image_pull_auth } = opened;
@@ -698,7 +756,7 @@ fn assignment(
         },
         id_slot: u32::try_from(row.id_slot).map_err(anyhow::Error::from)?,
         fill: row.fill_drive.is_some(),
-        peer: None,
+        peer,
         image_pull_auth,
     })
 }

@@ -133,6 +133,7 @@ fn controller(
             last_worker: String::new(),
             finished_at: None,
             fruitless: 0,
+            peer: false,
         })
         .collect();
     // No fill of the simulation completes without its marker, so no refill is ever due.

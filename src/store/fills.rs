@@ -65,6 +65,8 @@ pub struct FillRow {
     pub finished_at: Option<DateTime<Utc>>,
     /// Its workers that completed since the copy was made, each without the marker.
     pub fruitless: i64,
+    /// It pulls from a peer rather than running the fill template.
+    pub peer: bool,
 }
 
 /// The fill runs of copies being filled or failed: the only ones the fill controller's plan
@@ -72,7 +74,7 @@ pub struct FillRow {
 pub async fn unsettled(db: impl PgExecutor<'_>) -> sqlx::Result<Vec<FillRow>> {
     sqlx::query_as(
         "SELECT r.id AS run, r.fill_drive_id AS drive, r.fill_machine_id AS machine, r.state,
-             w.name AS last_worker, w.finished_at,
+             w.name AS last_worker, w.finished_at, r.fill_peer_machine_id IS NOT NULL AS peer,
              (SELECT count(*) FROM workers f WHERE f.run_id = r.id AND f.state = 'Completed'
                 AND f.finished_at >= c.created_at) AS fruitless
          FROM copies c
@@ -121,6 +123,47 @@ pub struct NewFill<'a> {
     pub source: &'a FillSource,
     pub name: String,
     pub spec: RunSpec,
+    /// The machine whose whole copy it pulls, with that copy's manifest digest; `None` to run
+    /// the drive's fill template.
+    pub peer: Option<(Uuid, String)>,
+}
+
+/// A machine that can serve its whole copy of a drive to a peer: Ready, serving a data port,
+/// its copy whole with a manifest.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct Holder {
+    pub drive: Uuid,
+    pub machine: Uuid,
+    pub name: String,
+    pub cluster: String,
+    pub manifest: String,
+    /// Peer fills under way from it.
+    pub uploads: i64,
+}
+
+/// The holders of `drives`, with their uploads under way.
+pub async fn holders(db: impl PgExecutor<'_>, drives: &[Uuid]) -> sqlx::Result<Vec<Holder>> {
+    sqlx::query_as(
+        "SELECT c.drive_id AS drive, m.id AS machine, m.name, m.cluster, c.manifest,
+             (SELECT count(*) FROM runs r WHERE r.fill_peer_machine_id = m.id
+                 AND r.state NOT IN ('Completed', 'Failed')) AS uploads
+         FROM copies c JOIN machines m ON m.id = c.machine_id
+         WHERE c.drive_id = ANY($1) AND c.state = 'Complete' AND c.manifest IS NOT NULL
+           AND m.state = 'Ready' AND m.data_address IS NOT NULL
+         ORDER BY m.cluster, m.name",
+    )
+    .bind(drives)
+    .fetch_all(db)
+    .await
+}
+
+/// Sends a peer fill back to its drive's fill template, with a new worker: its pull failed.
+pub async fn from_origin(tx: &mut PgConnection, run: Uuid) -> sqlx::Result<()> {
+    sqlx::query("UPDATE runs SET fill_peer_machine_id = NULL, fill_peer_manifest = NULL WHERE id = $1")
+        .bind(run)
+        .execute(&mut *tx)
+        .await?;
+    add_worker(tx, run).await
 }
 
 /// Creates each drive's one fill run on its machine, with its first worker Pending, all in one
@@ -133,10 +176,11 @@ pub async fn insert_all(tx: &mut PgConnection, fills: &[NewFill<'_>]) -> sqlx::R
     let new_ids = || fills.iter().map(|_| Uuid::now_v7()).collect::<Vec<_>>();
     sqlx::query_as(&format!(
         "WITH t AS (SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $4::text[], $5::text[], $6::jsonb[],
-                                          $7::uuid[], $8::uuid[])
-                    AS t(run, worker, workspace, name, cluster, spec, drive, machine)),
-              r AS (INSERT INTO runs (id, workspace_id, name, cluster, spec, fill_drive_id, fill_machine_id)
-                    SELECT run, workspace, name, cluster, spec, drive, machine FROM t
+                                          $7::uuid[], $8::uuid[], $9::uuid[], $10::text[])
+                    AS t(run, worker, workspace, name, cluster, spec, drive, machine, peer, manifest)),
+              r AS (INSERT INTO runs (id, workspace_id, name, cluster, spec, fill_drive_id, fill_machine_id,
+                                      fill_peer_machine_id, fill_peer_manifest)
+                    SELECT run, workspace, name, cluster, spec, drive, machine, peer, manifest FROM t
                     ON CONFLICT (fill_drive_id, fill_machine_id) WHERE fill_drive_id IS NOT NULL DO NOTHING
                     RETURNING id, workspace_id, name, spec, fill_drive_id, fill_machine_id),
               w AS (INSERT INTO workers (id, run_id, workspace_id, name, index, cpu_millis, memory_bytes, gpus)
@@ -152,6 +196,8 @@ pub async fn insert_all(tx: &mut PgConnection, fills: &[NewFill<'_>]) -> sqlx::R
     .bind(fills.iter().map(|f| Json(&f.spec)).collect::<Vec<_>>())
     .bind(fills.iter().map(|f| f.source.drive).collect::<Vec<_>>())
     .bind(fills.iter().map(|f| f.source.machine).collect::<Vec<_>>())
+    .bind(fills.iter().map(|f| f.peer.as_ref().map(|p| p.0)).collect::<Vec<_>>())
+    .bind(fills.iter().map(|f| f.peer.as_ref().map(|p| p.1.as_str())).collect::<Vec<_>>())
     .fetch_all(&mut *tx)
     .await
 }
@@ -196,4 +242,12 @@ pub async fn ended(db: impl PgExecutor<'_>, run: Uuid, worker: Uuid) -> sqlx::Re
     .bind(worker)
     .fetch_optional(db)
     .await
+}
+
+/// Why the fill run's newest worker ended as it did.
+pub async fn last_reason(db: impl PgExecutor<'_>, run: Uuid) -> sqlx::Result<Option<String>> {
+    sqlx::query_scalar("SELECT reason FROM workers WHERE run_id = $1 ORDER BY index DESC LIMIT 1")
+        .bind(run)
+        .fetch_optional(db)
+        .await
 }

@@ -240,6 +240,16 @@ pub async fn set_images(db: impl PgExecutor<'_>, machine: Uuid, images: &[ImageR
         .map(drop)
 }
 
+/// Where the machine's agent serves its copies to peers, as it last reported.
+pub async fn set_data_address(db: impl PgExecutor<'_>, machine: Uuid, address: &str) -> sqlx::Result<()> {
+    sqlx::query("UPDATE machines SET data_address = $2 WHERE id = $1 AND data_address IS DISTINCT FROM $2")
+        .bind(machine)
+        .bind(address)
+        .execute(db)
+        .await
+        .map(drop)
+}
+
 /// The images the machine's agent last reported.
 pub async fn images(db: impl PgExecutor<'_>, machine: Uuid) -> sqlx::Result<Vec<ImageReport>> {
     let images: Option<Json<Vec<ImageReport>>> =

@@ -513,7 +513,23 @@ pub struct AssignmentRow {
     /// For a fill's worker: the name of the drive it fills.
     pub fill_drive: Option<String>,
     pub fill_drive_id: Option<Uuid>,
+    /// For a fill from a peer: the holder, its name, its data port and its copy's manifest.
+    pub peer_id: Option<Uuid>,
+    pub peer_name: Option<String>,
+    pub peer_address: Option<String>,
+    pub peer_manifest: Option<String>,
 }
+
+/// What an agent is told of its workers: the released ones that have not ended.
+const ASSIGNED: &str =
+    "SELECT w.id, w.name, w.state, w.workspace_id, s.name AS namespace, s.id_slot, w.run_id,
+         r.name AS run_name, fd.name AS fill_drive, fd.id AS fill_drive_id,
+         pm.id AS peer_id, pm.name AS peer_name, pm.data_address AS peer_address,
+         r.fill_peer_manifest AS peer_manifest
+     FROM workers w JOIN runs r ON r.id = w.run_id JOIN workspaces s ON s.id = w.workspace_id
+     LEFT JOIN drives fd ON fd.id = r.fill_drive_id
+     LEFT JOIN machines pm ON pm.id = r.fill_peer_machine_id
+     WHERE w.machine_id = $1 AND w.released AND w.state IN ('Preparing', 'Running') AND w.restart_at IS NULL";
 
 /// The released workers of a machine that have not ended, after the worker `after` in id order:
 /// what its agent should be running.
@@ -522,19 +538,20 @@ pub async fn assigned_to(
     machine: Uuid,
     after: Option<Uuid>,
 ) -> sqlx::Result<Vec<AssignmentRow>> {
-    sqlx::query_as(
-        "SELECT w.id, w.name, w.state, w.workspace_id, s.name AS namespace, s.id_slot, w.run_id,
-             r.name AS run_name, fd.name AS fill_drive, fd.id AS fill_drive_id
-         FROM workers w JOIN runs r ON r.id = w.run_id JOIN workspaces s ON s.id = w.workspace_id
-         LEFT JOIN drives fd ON fd.id = r.fill_drive_id
-         WHERE w.machine_id = $1 AND w.released AND w.state IN ('Preparing', 'Running')
-           AND w.restart_at IS NULL AND ($2::uuid IS NULL OR w.id > $2)
-         ORDER BY w.id",
-    )
-    .bind(machine)
-    .bind(after)
-    .fetch_all(db)
-    .await
+    sqlx::query_as(&format!("{ASSIGNED} AND ($2::uuid IS NULL OR w.id > $2) ORDER BY w.id"))
+        .bind(machine)
+        .bind(after)
+        .fetch_all(db)
+        .await
+}
+
+/// One of them, if `worker` is assigned to `machine`.
+pub async fn assigned(
+    db: impl PgExecutor<'_>,
+    machine: Uuid,
+    worker: Uuid,
+) -> sqlx::Result<Option<AssignmentRow>> {
+    sqlx::query_as(&format!("{ASSIGNED} AND w.id = $2")).bind(machine).bind(worker).fetch_optional(db).await
 }
 
 /// A Pending worker for the scheduler, claimed so that no other replica places it meanwhile.

@@ -15,6 +15,7 @@ mod manifests;
 mod odd_input;
 mod openapi;
 mod overload;
+mod peer_fills;
 mod progress;
 mod restarts;
 mod roles;

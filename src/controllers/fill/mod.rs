@@ -2,6 +2,7 @@
 //! again when the copy is still not whole, and the waiting workers released when it is.
 //! `plan` decides; this shell reads what it needs and applies a batch of changes per transaction.
 
+pub mod peers;
 pub mod plan;
 
 use std::collections::{BTreeSet, HashMap, HashSet};
@@ -51,6 +52,7 @@ pub async fn tick(db: &PgPool, refill_after: Duration) -> anyhow::Result<(usize,
             last_worker: f.last_worker,
             finished_at: f.finished_at,
             fruitless: f.fruitless,
+            peer: f.peer,
         })
         .collect();
     let staged: BTreeSet<_> = store::copies::staged_for_queued(&mut *tx).await?.into_iter().collect();
@@ -86,6 +88,14 @@ async fn apply(tx: &mut sqlx::PgConnection, change: &Change) -> anyhow::Result<(
                 format!("the copy on {m} is still not whole after its fill completed: filling again")
             };
             drive_event(tx, drive, machine, false, "FillRetried", why).await?;
+        }
+        Change::FromOrigin { run, drive, machine } => {
+            let reason = store::fills::last_reason(&mut *tx, run).await?.unwrap_or_default();
+            store::fills::from_origin(tx, run).await?;
+            store::workers::refresh_run(tx, run).await?;
+            let why =
+                |m: &str| format!("the fill on {m} from a peer failed: {reason}; filling from the origin");
+            drive_event(tx, drive, machine, true, "PeerFillFailed", why).await?;
         }
         Change::FailCopy { drive, machine, fruitless } => {
             store::copies::set_state(&mut *tx, drive, machine, CopyState::Failed).await?;
@@ -129,13 +139,29 @@ async fn create_fills(tx: &mut sqlx::PgConnection, pairs: &[(uuid::Uuid, uuid::U
         return Ok(());
     }
     let sources = store::fills::sources(&mut *tx, pairs).await?;
-    let fills: Vec<NewFill> = sources.iter().filter_map(fill_run).collect();
+    let drives: Vec<uuid::Uuid> = sources.iter().map(|s| s.drive).collect();
+    let holders = store::fills::holders(&mut *tx, &drives).await?;
+    let wanted: Vec<peers::Wanted> = sources
+        .iter()
+        .map(|s| peers::Wanted {
+            drive: s.drive,
+            machine: s.machine,
+            cluster: s.drive_spec.0.cluster.as_str(),
+        })
+        .collect();
+    let chosen = peers::choose(&wanted, &holders);
+    let fills: Vec<NewFill> =
+        sources.iter().zip(chosen).filter_map(|(s, peer)| fill_run(s, peer.map(|i| &holders[i]))).collect();
     let created: HashSet<(uuid::Uuid, uuid::Uuid)> =
         store::fills::insert_all(tx, &fills).await?.into_iter().collect();
     let why: Vec<(&NewFill, String)> = fills
         .iter()
         .filter(|f| created.contains(&(f.source.drive, f.source.machine)))
-        .map(|f| (f, format!("fill run {} started on {}", f.name, f.source.machine_name)))
+        .map(|f| {
+            let from = f.peer.as_ref().and_then(|(p, _)| holders.iter().find(|h| h.machine == *p));
+            let from = from.map_or(String::new(), |h| format!(" from peer {}", h.name));
+            (f, format!("fill run {} started on {}{from}", f.name, f.source.machine_name))
+        })
         .collect();
     let events: Vec<store::events::New> = why
         .iter()
@@ -154,8 +180,9 @@ async fn create_fills(tx: &mut sqlx::PgConnection, pairs: &[(uuid::Uuid, uuid::U
     Ok(())
 }
 
-/// The fill run a drive with a fill template needs on a machine.
-fn fill_run(src: &FillSource) -> Option<NewFill<'_>> {
+/// The fill run a drive with a fill template needs on a machine, pulling from `peer` when one
+/// is chosen.
+fn fill_run<'a>(src: &'a FillSource, peer: Option<&store::fills::Holder>) -> Option<NewFill<'a>> {
     let fill = src.drive_spec.0.fill.as_ref()?;
     let mut template = fill.template.clone();
     template.requested_resources.node_selection =
@@ -164,6 +191,7 @@ fn fill_run(src: &FillSource) -> Option<NewFill<'_>> {
         source: src,
         name: format!("fill-{}-{}", src.drive_name, src.machine_name),
         spec: RunSpec { cluster: src.drive_spec.0.cluster.clone(), replicas: 1, task_template: template },
+        peer: peer.map(|h| (h.machine, h.manifest.clone())),
     })
 }
 

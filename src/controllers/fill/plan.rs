@@ -31,6 +31,8 @@ pub struct Fill {
     /// Its workers that completed since the copy was made: each left the copy without its
     /// marker.
     pub fruitless: i64,
+    /// It pulls the copy from a peer rather than running the drive's fill template.
+    pub peer: bool,
 }
 
 /// Fills that complete without the marker, in a row, before the copy fails.
@@ -47,6 +49,8 @@ pub enum Change {
     /// The fill failed, or completed [`MAX_FRUITLESS`] times without the marker (`fruitless`):
     /// the copy failed with it, until the fill run is deleted.
     FailCopy { drive: Uuid, machine: Uuid, fruitless: bool },
+    /// A fill from a peer failed (its pull said why): run the drive's fill template instead.
+    FromOrigin { run: Uuid, drive: Uuid, machine: Uuid },
     /// The failed fill run was deleted: fill the copy again.
     RetryCopy { drive: Uuid, machine: Uuid },
     /// No worker waits for this partial copy any more: remove it.
@@ -103,6 +107,9 @@ pub fn plan(
                 }
                 None => {
                     changes.insert(Change::CreateFill { drive, machine });
+                }
+                Some(f) if f.state == RunState::Failed && f.peer => {
+                    changes.insert(Change::FromOrigin { run: f.run, drive, machine });
                 }
                 Some(f) if f.state == RunState::Failed => {
                     changes.insert(Change::FailCopy { drive, machine, fruitless: false });
@@ -248,6 +255,7 @@ mod tests {
             last_worker: "fill-food101-gpu-01-0".into(),
             finished_at: ended_minutes_ago.map(|m| now() - chrono::Duration::minutes(m)),
             fruitless: i64::from(state == RunState::Completed),
+            peer: false,
         }
     }
 
@@ -315,6 +323,13 @@ mod tests {
         let (changes, _) =
             run(&[waiting()], Some(CopyState::Filling), &[fill(RunState::Completed, Some(10))]);
         assert_eq!(changes, vec![Change::Refill { run: id(5), drive: id(1), machine: id(2) }]);
+    }
+
+    #[test]
+    fn a_failed_fill_from_a_peer_runs_the_fill_template_instead() {
+        let from_peer = Fill { peer: true, ..fill(RunState::Failed, Some(1)) };
+        let (changes, _) = run(&[waiting()], Some(CopyState::Filling), &[from_peer]);
+        assert_eq!(changes, vec![Change::FromOrigin { run: id(5), drive: id(1), machine: id(2) }]);
     }
 
     #[test]

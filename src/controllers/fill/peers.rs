@@ -1,0 +1,89 @@
+//! Which peer a new copy is pulled from. A holder serves a few uploads at once, the least busy
+//! first; each copy made whole becomes a holder in turn, so many machines that need a drive at
+//! once are filled as a tree that doubles each round, and the origin is read once.
+
+use uuid::Uuid;
+
+use crate::store::fills::Holder;
+
+/// Peer fills one holder serves at once.
+pub const UPLOADS_PER_HOLDER: i64 = 2;
+
+/// A copy to fill: its drive, its machine and that machine's cluster.
+#[derive(Debug, Clone, Copy)]
+pub struct Wanted<'a> {
+    pub drive: Uuid,
+    pub machine: Uuid,
+    pub cluster: &'a str,
+}
+
+/// For each wanted copy, the index in `holders` of the one to pull it from, or `None` to fill
+/// it from the origin: a holder of its drive in its cluster, not the machine itself, with an
+/// upload slot free; the fewest uploads first, then the order given.
+pub fn choose(wanted: &[Wanted<'_>], holders: &[Holder]) -> Vec<Option<usize>> {
+    let mut uploads: Vec<i64> = holders.iter().map(|h| h.uploads).collect();
+    wanted
+        .iter()
+        .map(|w| {
+            let pick = holders
+                .iter()
+                .enumerate()
+                .filter(|(i, h)| {
+                    h.drive == w.drive
+                        && h.cluster == w.cluster
+                        && h.machine != w.machine
+                        && uploads[*i] < UPLOADS_PER_HOLDER
+                })
+                .min_by_key(|(i, _)| (uploads[*i], *i))
+                .map(|(i, _)| i)?;
+            uploads[pick] += 1;
+            Some(pick)
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(n: u128) -> Uuid {
+        Uuid::from_u128(n)
+    }
+
+    fn holder(drive: u128, machine: u128, cluster: &str, uploads: i64) -> Holder {
+        Holder {
+            drive: id(drive),
+            machine: id(machine),
+            name: format!("gpu-{machine:02}"),
+            cluster: cluster.into(),
+            manifest: "a".repeat(64),
+            uploads,
+        }
+    }
+
+    fn wanted(drive: u128, machine: u128) -> Wanted<'static> {
+        Wanted { drive: id(drive), machine: id(machine), cluster: "main" }
+    }
+
+    #[test]
+    fn holders_serve_the_least_busy_first_and_no_more_than_their_slots() {
+        // Holder 0 has one upload under way, holder 1 none: 1, 0, 1 (one slot each left), then
+        // none for the last two: filled from the origin.
+        let holders = [holder(1, 10, "main", 1), holder(1, 11, "main", 0)];
+        let want: Vec<_> = (20..25).map(|m| wanted(1, m)).collect();
+        assert_eq!(choose(&want, &holders), vec![Some(1), Some(0), Some(1), None, None]);
+    }
+
+    #[test]
+    fn only_a_holder_of_the_same_drive_in_the_same_cluster_and_not_itself_serves() {
+        let holders = [
+            holder(2, 10, "main", 0),
+            holder(1, 11, "other", 0),
+            holder(1, 20, "main", 0),
+            holder(1, 12, "main", 0),
+        ];
+        // Drive 1 on machine 20: not drive 2's holder, not the other cluster's, not itself.
+        assert_eq!(choose(&[wanted(1, 20)], &holders), vec![Some(3)]);
+        assert_eq!(choose(&[wanted(3, 20)], &holders), vec![None], "nobody holds drive 3");
+    }
+}

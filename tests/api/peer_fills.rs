@@ -1,0 +1,182 @@
+//! Fills from peers, as the server decides them: a copy needed where a peer holds it whole is
+//! pulled from that peer, with a transfer token for that drive alone, and filled from the
+//! origin when the pull fails.
+
+use astraeus::auth::transfer::verify_transfer;
+use astraeus::domain::role::Role;
+use reqwest::Method;
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+use crate::helpers::*;
+
+const MANIFEST: &str = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+
+/// Joins `name` with a confirmed data location of 1 TB; its credential.
+async fn join(app: &TestApp, name: &str) -> String {
+    let credential = app.join_machine(name, 4).await;
+    let admin = app.token_for("default", Role::Admin, true).await;
+    let confirm = json!({"path": "/var/lib/astraeus"});
+    let reply = app
+        .request(Method::POST, &format!("/machines/{name}/data-location"), Some(&admin), Some(&confirm))
+        .await;
+    assert_eq!(reply.status, 200, "{}", reply.text);
+    sqlx::query("UPDATE machines SET data_total_bytes = 1e12, data_free_bytes = 1e12 WHERE name = $1")
+        .bind(name)
+        .execute(&app.db)
+        .await
+        .unwrap();
+    credential
+}
+
+/// A heartbeat of a machine: its copies of food101 (made for `drive`), whole with the manifest
+/// when `drive` is given, and its data port when `address` is; the reply.
+async fn beat(app: &TestApp, credential: &str, drive: Option<Uuid>, address: Option<&str>) -> Reply {
+    let copies: Vec<Value> = drive
+        .map(|d| {
+            json!({"drive": "default.food101", "drive_id": d, "bytes": 6_000_000_000u64, "complete": true,
+                   "last_used_at": null, "manifest": MANIFEST})
+        })
+        .into_iter()
+        .collect();
+    let mut body = json!({
+        "data_location": {"total_bytes": 1_000_000_000_000u64, "used_bytes": 0, "free_bytes": 1_000_000_000_000u64},
+        "copies": copies,
+    });
+    if let Some(a) = address {
+        body["data_address"] = json!(a);
+    }
+    let reply = app
+        .client
+        .post(format!("{}/agent/v1/heartbeat", app.address))
+        .bearer_auth(credential)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let status = reply.status();
+    Reply { status, text: reply.text().await.unwrap() }
+}
+
+async fn agent(app: &TestApp, credential: &str, method: Method, path: &str, body: Option<Value>) -> Reply {
+    let mut request =
+        app.client.request(method, format!("{}/agent/v1{path}", app.address)).bearer_auth(credential);
+    if let Some(b) = body {
+        request = request.json(&b);
+    }
+    let reply = request.send().await.unwrap();
+    let status = reply.status();
+    Reply { status, text: reply.text().await.unwrap() }
+}
+
+async fn fill_tick(app: &TestApp) {
+    astraeus::controllers::fill::tick(&app.db, std::time::Duration::from_secs(600)).await.unwrap();
+}
+
+#[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
+async fn a_copy_a_peer_holds_whole_is_pulled_from_it_and_filled_from_the_origin_when_the_pull_fails(
+    db: sqlx::PgPool,
+) {
+    let app = spawn_app(db).await;
+    let gpu01 = join(&app, "gpu-01").await;
+    let gpu02 = join(&app, "gpu-02").await;
+    let created = app.create_drive(&recipe_drive()).await;
+    let drive: Uuid = created.json()["metadata"]["uid"].as_str().unwrap().parse().unwrap();
+    let gpu01_id: Uuid =
+        sqlx::query_scalar("SELECT id FROM machines WHERE name = 'gpu-01'").fetch_one(&app.db).await.unwrap();
+    // gpu-01 holds the copy whole, with its manifest, and serves peers.
+    astraeus::store::copies::ensure_for(&app.db, drive, gpu01_id).await.unwrap();
+    assert_eq!(beat(&app, &gpu01, Some(drive), Some("http://10.0.0.1:7070")).await.status, 200);
+    let machine = app.get("/machines/gpu-01").await.json();
+    assert_eq!(machine["copies"][0]["manifest"], MANIFEST, "{machine}");
+
+    // A run pinned to gpu-02 needs the copy there: its fill pulls it from gpu-01.
+    let mut run = recipe_run();
+    run["spec"]["task_template"]["requested_resources"]["node_selection"] =
+        json!({"mode": "Exact", "names": ["gpu-02"]});
+    assert_eq!(app.create_run(&run).await.status, 201);
+    assert_eq!(astraeus::scheduler::tick(&app.db).await.unwrap(), 1);
+    fill_tick(&app).await;
+    let events = app.get("/events?object=drive/food101").await.json();
+    let started = events["items"].as_array().unwrap().iter().find(|e| e["reason"] == "FillStarted").unwrap();
+    assert_eq!(
+        started["message"], "fill run fill-food101-gpu-02 started on gpu-02 from peer gpu-01",
+        "{events}"
+    );
+    assert_eq!(astraeus::scheduler::tick(&app.db).await.unwrap(), 1, "the fill's worker is placed");
+
+    // Its assignment names the peer, with a token for that holder, this drive and gpu-02.
+    let answer = agent(&app, &gpu02, Method::GET, "/assignments?version=0&wait_seconds=0", None).await;
+    let answer = answer.json();
+    let fill = answer["workers"].as_array().unwrap().iter().find(|w| w["fill"] == true).unwrap().clone();
+    let peer = &fill["peer"];
+    assert_eq!(
+        (&peer["address"], &peer["machine"], &peer["manifest"]),
+        (&json!("http://10.0.0.1:7070"), &json!("gpu-01"), &json!(MANIFEST))
+    );
+    let claims = verify_transfer(app.keys.as_ref(), peer["token"].as_str().unwrap()).unwrap();
+    assert_eq!((claims.source, claims.drive, claims.folder.as_str()), (gpu01_id, drive, "default.food101"));
+    let reader = answer["workers"].as_array().unwrap().iter().find(|w| w["fill"] != true).cloned();
+    assert!(reader.is_none() || reader.unwrap().get("peer").is_none(), "only the fill pulls");
+
+    // A fresh token for the fill, and none for another machine's credential or a worker that
+    // pulls nothing.
+    let uid = fill["uid"].as_str().unwrap();
+    let fresh = agent(&app, &gpu02, Method::POST, &format!("/workers/{uid}/transfer-token"), None).await;
+    assert_eq!(fresh.status, 200, "{}", fresh.text);
+    assert_eq!(
+        verify_transfer(app.keys.as_ref(), fresh.json()["token"].as_str().unwrap()).unwrap().source,
+        gpu01_id
+    );
+    let stolen = agent(&app, &gpu01, Method::POST, &format!("/workers/{uid}/transfer-token"), None).await;
+    assert_eq!(stolen.status, 404, "{}", stolen.text);
+
+    // The pull fails: the fill goes back to the drive's template, with a new worker, and the
+    // drive says why.
+    let failed = json!({"state": "Running", "exit_code": null});
+    assert_eq!(
+        agent(&app, &gpu02, Method::POST, &format!("/workers/{uid}/status"), Some(failed)).await.status,
+        200
+    );
+    let why = "peer copy of default.food101 differs from its manifest at train/00012.parquet";
+    let failed = json!({"state": "Failed", "exit_code": null, "reason": why});
+    assert_eq!(
+        agent(&app, &gpu02, Method::POST, &format!("/workers/{uid}/status"), Some(failed)).await.status,
+        200
+    );
+    fill_tick(&app).await;
+    let peer: Option<Uuid> =
+        sqlx::query_scalar("SELECT fill_peer_machine_id FROM runs WHERE name = 'fill-food101-gpu-02'")
+            .fetch_one(&app.db)
+            .await
+            .unwrap();
+    assert_eq!(peer, None);
+    assert_eq!(app.get("/workers/fill-food101-gpu-02-1").await.status, 200, "a new worker runs the template");
+    let events = app.get("/events?object=drive/food101").await.json();
+    let fell_back =
+        events["items"].as_array().unwrap().iter().find(|e| e["reason"] == "PeerFillFailed").unwrap();
+    assert_eq!(
+        fell_back["message"],
+        format!("the fill on gpu-02 from a peer failed: {why}; filling from the origin"),
+        "{events}"
+    );
+    assert_eq!(astraeus::scheduler::tick(&app.db).await.unwrap(), 1);
+    let answer = agent(&app, &gpu02, Method::GET, "/assignments?version=0&wait_seconds=0", None).await.json();
+    let fill = answer["workers"].as_array().unwrap().iter().find(|w| w["fill"] == true).unwrap().clone();
+    assert_eq!(fill["name"], "fill-food101-gpu-02-1");
+    assert!(fill.get("peer").is_none(), "{fill}");
+}
+
+#[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
+async fn a_data_port_that_is_not_a_plain_http_address_is_refused(db: sqlx::PgPool) {
+    let app = spawn_app(db).await;
+    let gpu01 = join(&app, "gpu-01").await;
+    for bad in
+        ["ftp://10.0.0.1:21", "http://user@10.0.0.1:80", "http://10.0.0.1:80/path", "http://", "10.0.0.1:80"]
+    {
+        let reply = beat(&app, &gpu01, None, Some(bad)).await;
+        assert_eq!(reply.status, 422, "{bad}: {}", reply.text);
+        assert!(reply.text.contains("data_address"), "{}", reply.text);
+    }
+    assert_eq!(beat(&app, &gpu01, None, Some("http://[::1]:7070")).await.status, 200);
+}

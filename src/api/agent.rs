@@ -283,7 +283,12 @@ async fn heartbeat(
     let mut tx = app.db.begin().await?;
     let copies = store::copies::reconcile(&mut tx, caller.id, &reported).await?;
     for (drive, bytes) in &copies.completed {
-        metrics::counter!("astraeus_fill_bytes_total").increment((*bytes).max(0) as u64);
+        let filled = (*bytes).max(0) as u64;
+        metrics::counter!("astraeus_fill_bytes_total").increment(filled);
+        match store::fills::from_peer(&mut *tx, *drive, caller.id).await? {
+            true => metrics::counter!("astraeus_peer_bytes_total").increment(filled),
+            false => metrics::counter!("astraeus_origin_bytes_total").increment(filled),
+        }
         let why =
             format!("the copy on {} is complete ({})", caller.name, human_bytes((*bytes).max(0) as u64));
         store::events::record_for_drive(&mut *tx, *drive, false, "FillCompleted", &why, "agent").await?;

@@ -111,6 +111,10 @@ pub struct Copy {
     /// and for a copy holding a symlink or other special file.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub manifest: Option<String>,
+    /// Where the copy comes from: `peer gpu-02` (pulled from that machine's copy) or `fill` (the
+    /// drive's fill template).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
     /// How far the fill has got; only while the copy is `Filling`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub progress: Option<Progress>,
@@ -125,6 +129,7 @@ fn to_copy(full: &str, c: &CopyRecord) -> Copy {
         state: c.state,
         last_used_at: c.last_used_at,
         manifest: c.manifest.clone(),
+        source: c.source.clone(),
         progress: (c.state == CopyState::Filling).then(|| progress(&c.fill.with_bytes(c.bytes), Utc::now())),
     }
 }

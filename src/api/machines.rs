@@ -82,6 +82,10 @@ pub struct MachineCopy {
     /// and for a copy holding a symlink or other special file.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub manifest: Option<String>,
+    /// Where the copy comes from: `peer gpu-02` (pulled from that machine's copy) or `fill` (the
+    /// drive's fill template).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
     /// How far the fill has got; only while the copy is `Filling`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub progress: Option<Progress>,
@@ -196,6 +200,7 @@ fn to_copy(workspace: &str, data_path: &str, c: MachineCopyRecord) -> MachineCop
         state: c.state,
         last_used_at: c.last_used_at,
         manifest: c.manifest,
+        source: c.source,
     }
 }
 

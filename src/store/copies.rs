@@ -17,6 +17,8 @@ pub struct CopyRecord {
     pub bytes: i64,
     pub last_used_at: Option<DateTime<Utc>>,
     pub manifest: Option<String>,
+    /// `peer <machine>` or `fill`, by its fill run; `None` without one.
+    pub source: Option<String>,
     #[sqlx(flatten)]
     pub fill: FillObservation,
 }
@@ -56,9 +58,12 @@ pub struct EvictionCopy {
     pub in_use: bool,
 }
 
-const SELECT: &str = "SELECT c.machine_id, m.name AS machine, m.data_path, c.state, c.bytes,
-        c.last_used_at, c.manifest, c.size_hint, c.bytes_at, c.progress_bytes, c.progress_at
-    FROM copies c JOIN machines m ON m.id = c.machine_id";
+/// Where a copy comes from, `peer <machine>` or `fill` (its drive's template), by its fill run.
+const SOURCE: &str =
+    "CASE WHEN pm.name IS NOT NULL THEN 'peer ' || pm.name WHEN fr.id IS NOT NULL THEN 'fill' END AS source";
+const SOURCE_JOIN: &str =
+    "LEFT JOIN runs fr ON fr.fill_drive_id = c.drive_id AND fr.fill_machine_id = c.machine_id
+    LEFT JOIN machines pm ON pm.id = fr.fill_peer_machine_id";
 
 /// A page of the drive's copies that are not being evicted, in the order their machines joined
 /// (`machine_id` is a v7 UUID): read along `copies_drive_machine_key`, so a page stops at
@@ -71,7 +76,10 @@ pub async fn for_drive(
 ) -> sqlx::Result<Vec<CopyRecord>> {
     let after_clause = if after.is_some() { "AND c.machine_id > $3" } else { "" };
     let sql = format!(
-        "{SELECT} WHERE c.drive_id = $1 AND c.state <> 'Evicting' {after_clause} ORDER BY c.machine_id LIMIT $2"
+        "SELECT c.machine_id, m.name AS machine, m.data_path, c.state, c.bytes, c.last_used_at, c.manifest,
+             c.size_hint, c.bytes_at, c.progress_bytes, c.progress_at, {SOURCE}
+         FROM copies c JOIN machines m ON m.id = c.machine_id {SOURCE_JOIN}
+         WHERE c.drive_id = $1 AND c.state <> 'Evicting' {after_clause} ORDER BY c.machine_id LIMIT $2"
     );
     let query = sqlx::query_as(&sql).bind(drive).bind(limit);
     match after {
@@ -113,6 +121,8 @@ pub struct MachineCopyRecord {
     pub bytes: i64,
     pub last_used_at: Option<DateTime<Utc>>,
     pub manifest: Option<String>,
+    /// `peer <machine>` or `fill`, by its fill run; `None` without one.
+    pub source: Option<String>,
     #[sqlx(flatten)]
     pub fill: FillObservation,
 }
@@ -124,12 +134,12 @@ pub async fn on_machine(
     machine: Uuid,
     workspace: Uuid,
 ) -> sqlx::Result<Vec<MachineCopyRecord>> {
-    sqlx::query_as(
+    sqlx::query_as(&format!(
         "SELECT d.name AS drive, c.state, c.bytes, c.last_used_at, c.manifest, c.size_hint, c.bytes_at,
-             c.progress_bytes, c.progress_at
-         FROM copies c JOIN drives d ON d.id = c.drive_id
-         WHERE c.machine_id = $1 AND d.workspace_id = $2 AND c.state <> 'Evicting' ORDER BY d.name",
-    )
+             c.progress_bytes, c.progress_at, {SOURCE}
+         FROM copies c JOIN drives d ON d.id = c.drive_id {SOURCE_JOIN}
+         WHERE c.machine_id = $1 AND d.workspace_id = $2 AND c.state <> 'Evicting' ORDER BY d.name"
+    ))
     .bind(machine)
     .bind(workspace)
     .fetch_all(db)

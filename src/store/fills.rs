@@ -251,3 +251,15 @@ pub async fn last_reason(db: impl PgExecutor<'_>, run: Uuid) -> sqlx::Result<Opt
         .fetch_optional(db)
         .await
 }
+
+/// Whether the copy of `drive` on `machine` is being filled from a peer.
+pub async fn from_peer(db: impl PgExecutor<'_>, drive: Uuid, machine: Uuid) -> sqlx::Result<bool> {
+    let peer: Option<bool> = sqlx::query_scalar(
+        "SELECT fill_peer_machine_id IS NOT NULL FROM runs WHERE fill_drive_id = $1 AND fill_machine_id = $2",
+    )
+    .bind(drive)
+    .bind(machine)
+    .fetch_optional(db)
+    .await?;
+    Ok(peer.unwrap_or(false))
+}

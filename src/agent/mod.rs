@@ -200,15 +200,6 @@ impl Config {
 
 /// Runs until `stop` is cancelled, then stops its workers.
 pub async fn run(config: Config, stop: CancellationToken) -> anyhow::Result<()> {
-    let machine = Arc::new(Machine::new(&config)?);
-    // Containers left by this agent's last life: followed again if still assigned.
-    let found = machine
-        .podman
-        .own(&machine.home())
-        .await
-        .map_err(|e| anyhow::anyhow!("cannot list containers: {e}"))?;
-    let ids: Vec<Uuid> = found.iter().map(|f| f.worker).collect();
-    mounts::unstage_all_but(&machine.state, &ids);
     // Bound before anything else, so that a port that is taken stops the agent at once.
     let data_port = match config.peers.listen {
         Some(addr) => Some(
@@ -218,6 +209,15 @@ pub async fn run(config: Config, stop: CancellationToken) -> anyhow::Result<()> 
         ),
         None => None,
     };
+    let machine = Arc::new(Machine::new(&config)?);
+    // Containers left by this agent's last life: followed again if still assigned.
+    let found = machine
+        .podman
+        .own(&machine.home())
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot list containers: {e}"))?;
+    let ids: Vec<Uuid> = found.iter().map(|f| f.worker).collect();
+    mounts::unstage_all_but(&machine.state, &ids);
     let mut client = Client::new(&config.server)?;
     let Some(joined) = credential::join_or_resume(&mut client, &config, &machine.state, &stop).await? else {
         return Ok(());

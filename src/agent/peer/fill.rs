@@ -189,3 +189,90 @@ impl Fill<'_> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::{Limits, MountSpec};
+
+    fn assignment(mounts: Vec<(MountSource, &str, bool)>) -> Assignment {
+        let mounts = mounts
+            .into_iter()
+            .map(|(source, sub_path, read_only)| MountSpec {
+                drive: "food101".into(),
+                source,
+                sub_path: sub_path.into(),
+                target: "/drive".into(),
+                read_only,
+            })
+            .collect();
+        Assignment {
+            uid: Uuid::now_v7(),
+            name: "fill-food101-gpu-02-0".into(),
+            run: "fill-food101-gpu-02".into(),
+            namespace: "default".into(),
+            state: WorkerState::Pending,
+            image: String::new(),
+            command: String::new(),
+            args: vec![],
+            env: Default::default(),
+            time_limit_seconds: None,
+            mounts,
+            resources: Limits { cpu_cores: 1.0, memory_bytes: 1 << 30, gpus: 0 },
+            id_slot: 1,
+            fill: true,
+            image_pull_auth: None,
+            peer: None,
+        }
+    }
+
+    fn source(manifest: &str) -> PeerSource {
+        PeerSource {
+            address: "http://10.0.0.5:7070".into(),
+            machine: "gpu-01".into(),
+            manifest: manifest.into(),
+            token: "t".into(),
+        }
+    }
+
+    #[test]
+    fn a_peer_fill_pulls_into_the_one_copy_it_mounts_whole_and_read_write() {
+        let (drive, other) = (Uuid::now_v7(), Uuid::now_v7());
+        let copy = |folder: &str, id| MountSource::Copy { folder: folder.into(), drive_id: id };
+        let host = MountSource::Host { path: "/scratch".into(), grant: None, grant_mode: Default::default() };
+        let digest = "ab".repeat(32);
+        let order = order(
+            &assignment(vec![
+                (copy("default.imagenet", other), "", true),
+                (host.clone(), "", false),
+                (copy("default.food101", drive), "", false),
+            ]),
+            &source(&digest),
+        )
+        .unwrap();
+        assert_eq!((order.folder.as_str(), order.drive_id), ("default.food101", drive));
+        assert_eq!((order.source.as_str(), order.token.as_str()), ("http://10.0.0.5:7070", "t"));
+        assert_eq!(order.digest.to_string(), digest);
+
+        let none = "a fill from a peer mounts exactly one drive's whole copy read-write";
+        let refused = [
+            (vec![(copy("default.food101", drive), "", true)], digest.as_str(), none),
+            (vec![(copy("default.food101", drive), "train", false)], &digest, none),
+            (vec![(host, "", false)], &digest, none),
+            (
+                vec![(copy("default.food101", drive), "", false), (copy("default.x", other), "", false)],
+                &digest,
+                none,
+            ),
+            (
+                vec![(copy("default.food101", drive), "", false)],
+                "not-hex",
+                "the manifest digest of gpu-01's copy",
+            ),
+        ];
+        for (mounts, manifest, why) in refused {
+            let err = super::order(&assignment(mounts), &source(manifest)).unwrap_err();
+            assert!(err.starts_with(why), "{err}");
+        }
+    }
+}

@@ -1,6 +1,7 @@
 //! The command line. Every flag has an environment fallback; nothing else reads the environment.
 
 use std::net::SocketAddr;
+use std::num::NonZeroU64;
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
@@ -133,6 +134,26 @@ pub struct AgentArgs {
     pub machine: MachineArgs,
     #[command(flatten)]
     pub runtime: RuntimeArgs,
+    #[command(flatten)]
+    pub peers: PeerArgs,
+}
+
+/// How the agent sends its whole copies to other machines and receives theirs.
+#[derive(Debug, Clone, Args)]
+pub struct PeerArgs {
+    /// Where to serve this machine's whole copies to peers, e.g. 10.0.0.5:7070 (port 0: any
+    /// free one). Without it, no data port: peers never pull from this machine.
+    #[arg(long, env = "ASTRAEUS_DATA_LISTEN")]
+    pub data_listen: Option<SocketAddr>,
+    /// Copies' files sent to peers at once; past it, a peer is told to come back.
+    #[arg(long, env = "ASTRAEUS_UPLOAD_SLOTS", default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub upload_slots: u32,
+    /// Bytes per second sent to peers, over all uploads (default: no limit).
+    #[arg(long, env = "ASTRAEUS_UPLOAD_BYTES_PER_SECOND")]
+    pub upload_bytes_per_second: Option<NonZeroU64>,
+    /// Bytes per second received from peers, over all pulls (default: no limit).
+    #[arg(long, env = "ASTRAEUS_DOWNLOAD_BYTES_PER_SECOND")]
+    pub download_bytes_per_second: Option<NonZeroU64>,
 }
 
 /// How the agent runs workers' containers.

@@ -756,3 +756,21 @@ async fn an_on_failure_worker_runs_again_in_a_new_container_on_its_machine_until
     let restarts = events["items"].as_array().unwrap().iter().filter(|e| e["reason"] == "Restarting").count();
     assert_eq!(restarts, 2, "{events}");
 }
+
+#[tokio::test]
+async fn an_agent_whose_data_port_is_taken_stops_at_once_saying_so() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let data = open_tempdir();
+    // No server: the port is bound before the agent joins.
+    let out = std::process::Command::new(bin())
+        .args(["agent", "--server", "http://127.0.0.1:9", "--join-token", "astj_x", "--name", "gpu-01"])
+        .arg("--data-location")
+        .arg(data.path())
+        .args(["--cpus", "1", "--memory", "1073741824", "--data-listen", &addr])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains(&format!("cannot listen for peers on {addr} (--data-listen)")), "{stderr}");
+}

@@ -115,6 +115,17 @@ impl Client {
         PublicKeys::from_published(&answer.keys).map_err(|why| anyhow::anyhow!("the server's keys: {why}"))
     }
 
+    /// A fresh transfer token for the peer fill `worker`, whose token the holder refused.
+    pub async fn transfer_token(&self, worker: Uuid) -> anyhow::Result<String> {
+        #[derive(serde::Deserialize)]
+        struct Answer {
+            token: String,
+        }
+        let answer: Answer =
+            self.post(&format!("/workers/{worker}/transfer-token"), &serde_json::json!({})).await?;
+        Ok(answer.token)
+    }
+
     pub async fn report(&self, worker: Uuid, report: &StatusReport) -> anyhow::Result<Ack> {
         self.post(&format!("/workers/{worker}/status"), report).await
     }

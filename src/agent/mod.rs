@@ -19,16 +19,19 @@ pub mod sizes;
 pub mod worker;
 
 use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::num::NonZeroU64;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
+use anyhow::Context;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use uuid::Uuid;
 
 use crate::protocol::{Assignment, JoinRequest};
-use crate::settings::AgentArgs;
+use crate::settings::{AgentArgs, PeerArgs};
 use client::Client;
 use container::Ulimit;
 use podman::{Found, Podman};
@@ -44,6 +47,40 @@ pub struct Config {
     /// Free space to keep on the data location's disk, as heartbeats report it.
     pub data_reserve_bytes: u64,
     pub runtime: podman::Config,
+    pub peers: PeerConfig,
+}
+
+/// The data port and the bounds of transfers between peers.
+#[derive(Debug, Clone)]
+pub struct PeerConfig {
+    /// Where to serve whole copies to peers; `None` for no data port.
+    pub listen: Option<SocketAddr>,
+    pub serve: peer::ServeLimits,
+    /// Bytes per second received from peers, over all pulls; `None` for no limit.
+    pub download_bytes_per_second: Option<NonZeroU64>,
+}
+
+impl Default for PeerConfig {
+    fn default() -> Self {
+        PeerConfig {
+            listen: None,
+            serve: peer::ServeLimits { uploads: 4, bytes_per_second: None },
+            download_bytes_per_second: None,
+        }
+    }
+}
+
+impl PeerConfig {
+    pub fn from_args(args: &PeerArgs) -> PeerConfig {
+        PeerConfig {
+            listen: args.data_listen,
+            serve: peer::ServeLimits {
+                uploads: args.upload_slots as usize,
+                bytes_per_second: args.upload_bytes_per_second,
+            },
+            download_bytes_per_second: args.download_bytes_per_second,
+        }
+    }
 }
 
 /// What every worker of this machine shares.
@@ -62,6 +99,8 @@ pub struct Machine {
     /// defaults can exceed what the host lets it set. `nproc` is also held to the pids limit:
     /// podman lowers its own below the agent's, and runc may not raise it back.
     pub ulimits: (Ulimit, Ulimit),
+    /// The bounds of pulls from peers, their byte rate shared by all.
+    pub pulls: peer::PullLimits,
 }
 
 impl Machine {
@@ -92,6 +131,12 @@ impl Machine {
                 let cap = u64::from(container::PIDS_LIMIT);
                 Ulimit { soft: l.soft.min(cap), hard: l.hard.min(cap) }
             }),
+            // No reserve of its own: like a fill's container, a pull may use the space the
+            // server's evictions keep free, which is what it placed the fill here for.
+            pulls: peer::PullLimits {
+                rate: config.peers.download_bytes_per_second.map(peer::Rate::new),
+                ..peer::PullLimits::default()
+            },
         })
     }
 }
@@ -100,6 +145,8 @@ impl Machine {
 #[derive(Debug, Default)]
 pub struct Shared {
     pub data_location: Mutex<Option<PathBuf>>,
+    /// Where this agent serves its whole copies to peers, once it does.
+    pub data_address: OnceLock<String>,
     /// The last location refused, so that it is logged once, not at every heartbeat.
     refused: Mutex<Option<String>>,
 }
@@ -146,12 +193,22 @@ impl Config {
             heartbeat_interval: Duration::from_secs(args.machine.heartbeat_interval_seconds.max(1)),
             data_reserve_bytes: args.machine.data_reserve_bytes,
             runtime: podman::Config::from_args(&args.runtime)?,
+            peers: PeerConfig::from_args(&args.peers),
         })
     }
 }
 
 /// Runs until `stop` is cancelled, then stops its workers.
 pub async fn run(config: Config, stop: CancellationToken) -> anyhow::Result<()> {
+    // Bound before anything else, so that a port that is taken stops the agent at once.
+    let data_port = match config.peers.listen {
+        Some(addr) => Some(
+            tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("cannot listen for peers on {addr} (--data-listen)"))?,
+        ),
+        None => None,
+    };
     let machine = Arc::new(Machine::new(&config)?);
     // Containers left by this agent's last life: followed again if still assigned.
     let found = machine
@@ -181,6 +238,10 @@ pub async fn run(config: Config, stop: CancellationToken) -> anyhow::Result<()> 
         manifests.clone(),
         stop.clone(),
     ));
+    let server = data_port.map(|listener| {
+        let holder = (client.clone(), joined.credential.clone(), shared.clone(), manifests.clone());
+        tokio::spawn(serve_peers(listener, holder, config.peers.serve.clone(), stop.clone()))
+    });
     let images = tokio::spawn({
         let (machine, stop) = (machine.clone(), stop.clone());
         let keep_free = config.runtime.image_keep_free_bytes;
@@ -192,7 +253,55 @@ pub async fn run(config: Config, stop: CancellationToken) -> anyhow::Result<()> 
     let _ = measurer.await;
     let _ = manifester.await;
     let _ = images.await;
+    if let Some(server) = server {
+        let _ = server.await;
+    }
     result
+}
+
+/// Serves this machine's whole copies to peers on `listener` until `stop`, once it knows the
+/// machine's id (which transfer tokens must name as their source) from its credential, checked
+/// with the server's keys; heartbeats then report the port.
+async fn serve_peers(
+    listener: tokio::net::TcpListener,
+    (client, credential, shared, manifests): (Client, String, Arc<Shared>, Arc<manifest::Manifests>),
+    limits: peer::ServeLimits,
+    stop: CancellationToken,
+) {
+    let address = match listener.local_addr() {
+        Ok(addr) if addr.ip().is_unspecified() => {
+            tracing::warn!(%addr, "the data port listens on every address, and reports this one to the server: peers cannot reach it there; pass --data-listen with this machine's own address");
+            format!("http://{addr}")
+        }
+        Ok(addr) => format!("http://{addr}"),
+        Err(e) => {
+            return tracing::error!(error = %e, "the data port has no address: copies are not served to peers");
+        }
+    };
+    let mut pause = Duration::from_secs(2);
+    let (keys, machine) = loop {
+        let known = client.keys().await.and_then(|keys| {
+            let claims = crate::auth::machine::verify_credential(&keys, &credential)
+                .map_err(|e| anyhow::anyhow!("the machine's credential does not verify: {e}"))?;
+            Ok((keys, claims.mid))
+        });
+        match known {
+            Ok(known) => break known,
+            Err(e) => tracing::warn!(error = %e, "cannot serve copies to peers yet; retrying"),
+        }
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(pause) => {}
+        }
+        pause = (pause * 2).min(Duration::from_secs(60));
+    };
+    let keys = Arc::new(peer::TrustedKeys::seeded(client, keys));
+    let holder = Arc::new(peer::Holder::new(machine, shared.clone(), manifests, keys, &limits));
+    tracing::info!(%address, "serving whole copies to peers");
+    let _ = shared.data_address.set(address);
+    if let Err(e) = peer::serve::serve(listener, holder, stop).await {
+        tracing::error!(error = %e, "the data port stopped: copies are no longer served to peers");
+    }
 }
 
 /// The data location copies are kept in: the one confirmed, else the one proposed.
@@ -259,6 +368,8 @@ async fn heartbeat_loop(
 ) {
     // The images the server was last told of.
     let mut told: Option<Vec<crate::protocol::ImageReport>> = None;
+    // The data port the server was last told of.
+    let mut told_address: Option<String> = None;
     loop {
         let (dir, known, kept) = (location(&config, &shared), sizes.clone(), manifests.clone());
         let mut report =
@@ -269,10 +380,18 @@ async fn heartbeat_loop(
         {
             report.images = Some(list);
         }
+        if let Some(address) = shared.data_address.get()
+            && told_address.as_ref() != Some(address)
+        {
+            report.data_address = Some(address.clone());
+        }
         match client.heartbeat(&report).await {
             Ok(answer) => {
                 if report.images.is_some() {
                     told = report.images.take();
+                }
+                if report.data_address.is_some() {
+                    told_address = report.data_address.take();
                 }
                 let confirmed = shared.confirm(&machine.own, answer.data_location.as_deref());
                 if let Some(dir) = confirmed
@@ -368,14 +487,26 @@ async fn assignment_loop(
             }
             let token = stop.child_token();
             running.insert(*id, token.clone());
-            let found = adopted.remove(id);
+            // A fill from a peer runs no container: one found for it is removed below.
+            let found = if a.peer.is_some() { None } else { adopted.remove(id) };
             // Taken here, not in the task: the manifests may be made once this answer is acted on.
             let hold = manifests.hold(data.as_deref(), a);
             let (client, machine, data, finished, a) =
                 (client.clone(), machine.clone(), data.clone(), finished.clone(), (*a).clone());
+            let manifests = manifests.clone();
             let id = *id;
             workers.spawn(async move {
-                worker::run(&client, &machine, a, data, found, token).await;
+                match a.peer.clone() {
+                    Some(source) => {
+                        let fill = peer::fill::Fill {
+                            client: &client,
+                            manifests: &manifests,
+                            limits: &machine.pulls,
+                        };
+                        fill.run(&a, &source, data, token).await;
+                    }
+                    None => worker::run(&client, &machine, a, data, found, token).await,
+                }
                 drop(hold);
                 finished.lock().expect("not poisoned").push(id);
             });

@@ -491,14 +491,14 @@ async fn report_started(
     }
 }
 
-async fn fail(client: &Client, a: &Assignment, why: &str) {
+pub(in crate::agent) async fn fail(client: &Client, a: &Assignment, why: &str) {
     let report =
         StatusReport { state: WorkerState::Failed, exit_code: None, reason: why.to_owned(), events: vec![] };
     report_until_heard(client, a, &report).await;
 }
 
 /// Retries a final report for a while: the server may be restarting.
-async fn report_until_heard(client: &Client, a: &Assignment, report: &StatusReport) {
+pub(in crate::agent) async fn report_until_heard(client: &Client, a: &Assignment, report: &StatusReport) {
     for attempt in 0..30 {
         match client.report(a.uid, report).await {
             Ok(_) => return,

@@ -114,6 +114,11 @@ async fn serve(args: &DevArgs, url: &str, interrupted: &CancellationToken) -> an
             heartbeat_interval: Duration::from_secs(args.machine.heartbeat_interval_seconds.max(1)),
             data_reserve_bytes: args.machine.data_reserve_bytes,
             runtime: runtime.clone(),
+            // Each serves its whole copies to the others on a port of its own.
+            peers: agent::PeerConfig {
+                listen: Some(std::net::SocketAddr::from(([127, 0, 0, 1], 0))),
+                ..agent::PeerConfig::default()
+            },
         };
         let stop = stop.clone();
         agents.push(tokio::spawn(async move {

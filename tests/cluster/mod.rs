@@ -387,6 +387,7 @@ impl Cluster {
             heartbeat_interval: Duration::from_secs(1),
             data_reserve_bytes: 0,
             runtime: runtime(),
+            peers: agent::PeerConfig::default(),
         };
         let stop = self.stop.child_token();
         let task = tokio::spawn({

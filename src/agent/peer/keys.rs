@@ -28,6 +28,12 @@ impl TrustedKeys {
         TrustedKeys { keys: RwLock::default(), server: Some(server), fetched: Default::default() }
     }
 
+    /// These keys (just fetched from `server`), and newer ones from `server` when a token
+    /// names a key not among them.
+    pub fn seeded(server: Client, keys: PublicKeys) -> TrustedKeys {
+        TrustedKeys { keys: RwLock::new(Arc::new(keys)), server: Some(server), fetched: Default::default() }
+    }
+
     /// These keys, never fetched again.
     pub fn fixed(keys: PublicKeys) -> TrustedKeys {
         TrustedKeys { keys: RwLock::new(Arc::new(keys)), server: None, fetched: Default::default() }

@@ -6,9 +6,11 @@
 //! on a data port of its own ([`serve`]), checking tokens with the server's public keys
 //! ([`keys`]); the receiver ([`pull`]) checks what it is sent against the manifest, chunk by
 //! chunk, resumes where a cut transfer stopped, and moves the copy into place with its marker
-//! last. Both sides bound their byte rate ([`rate`]).
+//! last. Both sides bound their byte rate ([`rate`]). A fill the server gives a peer runs no
+//! container: it pulls ([`fill`]).
 
 mod beneath;
+pub mod fill;
 pub mod keys;
 pub mod pull;
 pub mod rate;

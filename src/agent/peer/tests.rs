@@ -402,3 +402,191 @@ async fn a_pull_that_does_not_fit_is_refused_before_it_starts() {
         "{err}"
     );
 }
+
+/// What the server is told of a fill, and the fresh transfer tokens it hands out.
+#[derive(Clone, Default)]
+struct Told {
+    reports: Arc<std::sync::Mutex<Vec<crate::protocol::StatusReport>>>,
+    fresh: Arc<std::sync::Mutex<Vec<String>>>,
+    asked: Arc<AtomicI64>,
+}
+
+/// A stand-in for the server's agent API: the status reports and fresh transfer tokens of
+/// fills, over real HTTP on loopback.
+async fn server(told: Told) -> crate::agent::client::Client {
+    use axum::routing::post;
+    let router = axum::Router::new()
+        .route(
+            "/agent/v1/workers/{id}/status",
+            post(
+                |axum::extract::State(told): axum::extract::State<Told>,
+                 axum::Json(r): axum::Json<crate::protocol::StatusReport>| async move {
+                    told.reports.lock().unwrap().push(r);
+                    axum::Json(serde_json::json!({"accepted": true}))
+                },
+            ),
+        )
+        .route(
+            "/agent/v1/workers/{id}/transfer-token",
+            post(|axum::extract::State(told): axum::extract::State<Told>| async move {
+                told.asked.fetch_add(1, Ordering::SeqCst);
+                let token = told.fresh.lock().unwrap().pop().unwrap_or_default();
+                axum::Json(serde_json::json!({"token": token}))
+            }),
+        )
+        .with_state(told);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
+    crate::agent::client::Client::new(&url).unwrap()
+}
+
+/// The fill of `source`'s drive on another machine, from `source` with `token`.
+fn fill_assignment(source: &Source, token: String) -> crate::protocol::Assignment {
+    use crate::protocol::{Assignment, Limits, MountSource, MountSpec, PeerSource};
+    Assignment {
+        uid: Uuid::now_v7(),
+        name: "fill-food101-gpu-02-0".into(),
+        run: "fill-food101-gpu-02".into(),
+        namespace: "default".into(),
+        state: crate::domain::run::WorkerState::Pending,
+        image: "docker.io/library/busybox:1.36".into(),
+        command: String::new(),
+        args: vec![],
+        env: Default::default(),
+        time_limit_seconds: None,
+        mounts: vec![MountSpec {
+            drive: "food101".into(),
+            source: MountSource::Copy { folder: FOLDER.into(), drive_id: source.drive },
+            sub_path: String::new(),
+            target: "/drive".into(),
+            read_only: false,
+        }],
+        resources: Limits { cpu_cores: 1.0, memory_bytes: 1 << 30, gpus: 0 },
+        id_slot: 1,
+        fill: true,
+        image_pull_auth: None,
+        peer: Some(PeerSource {
+            address: source.url.clone(),
+            machine: "gpu-01".into(),
+            manifest: source.digest.to_string(),
+            token,
+        }),
+    }
+}
+
+/// Runs the fill `a` on `receiver` as the assignment loop does: held, then run.
+async fn run_fill(
+    receiver: &Receiver,
+    client: &crate::agent::client::Client,
+    a: &crate::protocol::Assignment,
+) -> manifest::keep::Hold {
+    let hold = receiver.manifests.hold(Some(receiver.dir.path()), a);
+    let fill = fill::Fill { client, manifests: &receiver.manifests, limits: &PullLimits::default() };
+    let peer = a.peer.clone().unwrap();
+    fill.run(a, &peer, Some(receiver.dir.path().to_path_buf()), CancellationToken::new()).await;
+    hold
+}
+
+#[tokio::test]
+async fn a_fill_from_a_peer_with_an_expired_token_gets_a_fresh_one_and_completes_with_a_whole_copy() {
+    let source = Source::new().await;
+    let receiver = Receiver::new();
+    let told = Told::default();
+    told.fresh.lock().unwrap().push(source.token_with(|_| {}));
+    let client = server(told.clone()).await;
+    let expired = source.token_with(|c| c.exp = chrono::Utc::now().timestamp() - 60);
+    let a = fill_assignment(&source, expired);
+
+    let hold = run_fill(&receiver, &client, &a).await;
+    let states: Vec<_> = told.reports.lock().unwrap().iter().map(|r| (r.state, r.reason.clone())).collect();
+    use crate::domain::run::WorkerState::{Completed, Running};
+    assert_eq!(states, [(Running, String::new()), (Completed, String::new())]);
+    assert_eq!(told.asked.load(Ordering::SeqCst), 1, "one fresh token");
+    let manifest = stored_manifest(receiver.dir.path(), &source.digest);
+    assert!(manifest::check(&receiver.copy(), &manifest).unwrap().is_clear());
+    assert!(receiver.copy().join(MARKER).exists());
+    // The manifest the pull adopted outlives the fill's own hold and the passes made meanwhile.
+    receiver.manifests.settle();
+    keep::pass(&receiver.manifests, receiver.dir.path(), &CancellationToken::new());
+    assert_eq!(receiver.manifests.digest(FOLDER, Some(source.drive)), Some(source.digest));
+    drop(hold);
+    keep::pass(&receiver.manifests, receiver.dir.path(), &CancellationToken::new());
+    assert_eq!(receiver.manifests.digest(FOLDER, Some(source.drive)), Some(source.digest));
+    let heartbeat = disk::report(receiver.dir.path(), &Default::default(), &receiver.manifests);
+    assert_eq!(heartbeat.copies[0].manifest, Some(source.digest.to_string()));
+}
+
+#[tokio::test]
+async fn a_fill_from_a_peer_whose_copy_differs_fails_naming_the_path() {
+    let source = Source::new().await;
+    let path = source.copy().join("meta/labels.txt");
+    std::fs::write(&path, "apple_pie\nbaby_back_ribz\n").unwrap();
+    let receiver = Receiver::new();
+    let told = Told::default();
+    let client = server(told.clone()).await;
+    let a = fill_assignment(&source, source.token_with(|_| {}));
+
+    drop(run_fill(&receiver, &client, &a).await);
+    let states: Vec<_> = told.reports.lock().unwrap().iter().map(|r| (r.state, r.reason.clone())).collect();
+    use crate::domain::run::WorkerState::{Failed, Running};
+    let why = "peer copy of default.food101 differs from its manifest at meta/labels.txt";
+    assert_eq!(states, [(Running, String::new()), (Failed, why.to_owned())]);
+    assert!(!receiver.copy().exists());
+    assert_eq!(told.asked.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn a_fill_from_a_peer_refused_its_token_again_fails_with_the_refusal() {
+    let source = Source::new().await;
+    let receiver = Receiver::new();
+    let told = Told::default();
+    let client = server(told.clone()).await;
+    // Every token the server hands out is for another machine's copy.
+    let other = source.order_with(|c| c.source = Uuid::now_v7()).token;
+    let a = fill_assignment(&source, other);
+    let reports = run_fill(&receiver, &client, &a).await;
+    drop(reports);
+    let last = told.reports.lock().unwrap().last().map(|r| (r.state, r.reason.clone())).unwrap();
+    assert_eq!(last.0, crate::domain::run::WorkerState::Failed);
+    assert!(last.1.starts_with("the peer refused (403): the transfer token is for machine"), "{}", last.1);
+    assert_eq!(told.asked.load(Ordering::SeqCst), 0, "only a 401 asks for a fresh token");
+}
+
+#[tokio::test]
+async fn a_peer_fill_resumes_after_a_cut_and_waits_out_a_busy_holder() {
+    let source = Source::start(ServeLimits { uploads: 1, bytes_per_second: None }).await;
+    let receiver = Receiver::new();
+    let client = server(Told::default()).await;
+    let fill = fill::Fill { client: &client, manifests: &receiver.manifests, limits: &PullLimits::default() };
+    let a = fill_assignment(&source, source.token_with(|_| {}));
+    let order = fill::order(&a, a.peer.as_ref().unwrap()).unwrap();
+
+    // The connection drops after 12 MiB; once it has, the holder sends again.
+    source.budget.store(12 << 20, Ordering::SeqCst);
+    let budget = source.budget.clone();
+    tokio::spawn(async move {
+        while budget.load(Ordering::SeqCst) > 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        budget.store(i64::MAX, Ordering::SeqCst);
+    });
+    let report =
+        fill.pull(a.uid, order.clone(), receiver.dir.path(), &CancellationToken::new()).await.unwrap();
+    assert!(report.kept >= CHUNK_BYTES, "the retry resumed: {report:?}");
+    assert!(receiver.copy().join(MARKER).exists());
+
+    // Another receiver while the holder's one slot is taken, then given back.
+    let other = Receiver::new();
+    let fill = fill::Fill { client: &client, manifests: &other.manifests, limits: &PullLimits::default() };
+    let taken = source.get(&format!("/v1/copies/{FOLDER}/files/{BIG}"), Some(&order.token), None).await;
+    assert_eq!(taken.status(), 200);
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        drop(taken);
+    });
+    let started = std::time::Instant::now();
+    fill.pull(a.uid, order, other.dir.path(), &CancellationToken::new()).await.unwrap();
+    assert!(started.elapsed() >= Duration::from_secs(5), "waited the holder's Retry-After");
+    assert!(other.copy().join(MARKER).exists());
+}

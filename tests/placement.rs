@@ -828,3 +828,80 @@ async fn a_data_location_over_its_limit_evicts_its_least_recently_used_copy(pool
     );
     cluster.stop().await;
 }
+
+/// The manifest digest of `machine`'s copy of `drive`, once its agent reports one.
+async fn manifest_of(api: &Api, machine: &str, drive: &str) -> String {
+    eventually(&format!("the copy of {drive} on {machine} has its manifest"), || async move {
+        let m = api.machine(machine).await;
+        let copy = m["copies"].as_array().unwrap().iter().find(|c| c["drive"] == drive).cloned();
+        match copy.as_ref().and_then(|c| c["manifest"].as_str()) {
+            Some(digest) => Ok(digest.to_owned()),
+            None => Err(format!("{copy:?}")),
+        }
+    })
+    .await
+}
+
+#[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
+async fn a_copy_held_whole_by_a_peer_is_pulled_from_it_and_one_that_differs_is_filled_from_the_origin(
+    pool: PgPool,
+) {
+    let mut cluster = Cluster::start(&pool).await;
+    for name in ["gpu-01", "gpu-02", "gpu-03"] {
+        cluster.add_peer_machine(name).await;
+    }
+    let api = cluster.api.clone();
+    api.create_drive(&placed_drive("blobs", 1_000_000, true, BLOB_FILL, 0.5)).await;
+    api.create_run(&pinned(run_mounting("first", "true", &["blobs"], 0.5), "gpu-01")).await;
+    api.wait_completed("first").await;
+    let digest = manifest_of(&api, "gpu-01", "blobs").await;
+
+    // gpu-02 pulls its copy from gpu-01: the same bytes, the same manifest, no container.
+    api.create_run(&pinned(
+        run_mounting("second", "cmp -s /data/blob /data/blob", &["blobs"], 0.5),
+        "gpu-02",
+    ))
+    .await;
+    api.wait_completed("second").await;
+    let started = events_with(&api, "drive/blobs", "FillStarted").await;
+    assert!(
+        started
+            .iter()
+            .any(|e| e["message"] == "fill run fill-blobs-gpu-02 started on gpu-02 from peer gpu-01"),
+        "{started:?}"
+    );
+    let blob =
+        |machine: &str| std::fs::read(cluster.machine(machine).data.path().join("drives/default.blobs/blob"));
+    assert_eq!(blob("gpu-02").unwrap(), blob("gpu-01").unwrap());
+    assert_eq!(manifest_of(&api, "gpu-02", "blobs").await, digest);
+    let copies = api.drive("blobs").await["copies"].clone();
+    let source =
+        |node: &str| copies.as_array().unwrap().iter().find(|c| c["node"] == node).unwrap()["source"].clone();
+    assert_eq!((source("gpu-01"), source("gpu-02")), (json!("fill"), json!("peer gpu-01")), "{copies}");
+
+    // A byte of gpu-01's copy changes after its manifest was made: gpu-03's pull from it (the
+    // least busy holder, before gpu-02) catches the file, and the fill goes to the origin.
+    let path = cluster.machine("gpu-01").data.path().join("drives/default.blobs/blob");
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[0] ^= 0xff;
+    std::fs::write(&path, bytes).unwrap();
+    api.create_run(&pinned(run_mounting("third", "true", &["blobs"], 0.5), "gpu-03")).await;
+    api.wait_completed("third").await;
+    let failed = events_with(&api, "drive/blobs", "PeerFillFailed").await;
+    assert_eq!(failed.len(), 1, "{failed:?}");
+    let message = failed[0]["message"].as_str().unwrap();
+    assert!(
+        message.contains(
+            "peer copy of default.blobs differs from its manifest at blob; filling from the origin"
+        ),
+        "{message}"
+    );
+    let copies = api.drive("blobs").await["copies"].clone();
+    let gpu03 = copies.as_array().unwrap().iter().find(|c| c["node"] == "gpu-03").unwrap().clone();
+    assert_eq!((&gpu03["state"], &gpu03["source"]), (&json!("Complete"), &json!("fill")), "{copies}");
+    assert_eq!(
+        cluster.worker_names("fill-blobs-gpu-03").await,
+        ["fill-blobs-gpu-03-0", "fill-blobs-gpu-03-1"]
+    );
+    cluster.stop().await;
+}

@@ -369,6 +369,36 @@ impl Cluster {
     }
 
     pub async fn add_machine_with(&mut self, name: &str, cpus: f64, memory: u64) -> &Machine {
+        self.add_machine_configured(name, cpus, memory, agent::PeerConfig::default()).await
+    }
+
+    /// A machine that joined with a confirmed data location and serves its copies to peers on
+    /// a port of 127.0.0.1, once the server knows the port.
+    pub async fn add_peer_machine(&mut self, name: &str) -> &Machine {
+        let peers = agent::PeerConfig { listen: Some("127.0.0.1:0".parse().unwrap()), ..Default::default() };
+        self.add_machine_configured(name, 2.0, MACHINE_MEMORY, peers).await;
+        self.confirm(name, None).await;
+        let db = &self.db;
+        eventually(&format!("machine {name} reports its data port"), || async move {
+            let address: Option<String> =
+                sqlx::query_scalar("SELECT data_address FROM machines WHERE name = $1")
+                    .bind(name)
+                    .fetch_one(db)
+                    .await
+                    .unwrap();
+            address.ok_or_else(|| "no data port yet".to_owned())
+        })
+        .await;
+        self.machine(name)
+    }
+
+    async fn add_machine_configured(
+        &mut self,
+        name: &str,
+        cpus: f64,
+        memory: u64,
+        peers: agent::PeerConfig,
+    ) -> &Machine {
         let data = open_tempdir();
         let args = MachineArgs {
             cpus: Some(cpus),
@@ -387,7 +417,7 @@ impl Cluster {
             heartbeat_interval: Duration::from_secs(1),
             data_reserve_bytes: 0,
             runtime: runtime(),
-            peers: agent::PeerConfig::default(),
+            peers,
         };
         let stop = self.stop.child_token();
         let task = tokio::spawn({

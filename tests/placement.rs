@@ -905,3 +905,40 @@ async fn a_copy_held_whole_by_a_peer_is_pulled_from_it_and_one_that_differs_is_f
     );
     cluster.stop().await;
 }
+
+#[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
+async fn machines_that_need_a_drive_at_once_pull_it_from_peers_and_read_the_origin_once(
+    pool: PgPool,
+) {
+    let mut cluster = Cluster::start(&pool).await;
+    let names = ["gpu-01", "gpu-02", "gpu-03", "gpu-04", "gpu-05", "gpu-06"];
+    for name in names {
+        cluster.add_peer_machine(name).await;
+    }
+    let api = cluster.api.clone();
+    api.create_drive(&placed_drive("blobs", 1_000_000, true, BLOB_FILL, 0.5)).await;
+    api.create_run(&pinned(run_mounting("first", "true", &["blobs"], 0.5), "gpu-01")).await;
+    api.wait_completed("first").await;
+    manifest_of(&api, "gpu-01", "blobs").await;
+
+    // Five workers, one a machine (each takes both cores), on the five others at once: each
+    // holder serves two at a time (controllers::fill::peers), and the others wait for a slot
+    // or a new holder rather than read the origin.
+    let mut wide = run_mounting("wide", "true", &["blobs"], 2.0);
+    wide["spec"]["replicas"] = json!(5);
+    wide["spec"]["task_template"]["requested_resources"]["node_selection"] =
+        json!({"mode": "Exact", "names": &names[1..]});
+    api.create_run(&wide).await;
+    api.wait_completed("wide").await;
+    let started = events_with(&api, "drive/blobs", "FillStarted").await;
+    let from_origin: Vec<_> =
+        started.iter().filter(|e| !e["message"].as_str().unwrap().contains("from peer")).collect();
+    assert_eq!((started.len(), from_origin.len()), (6, 1), "{started:?}");
+    let copies = api.drive("blobs").await["copies"].clone();
+    let copies = copies.as_array().unwrap();
+    assert_eq!(copies.len(), 6);
+    for c in copies.iter().filter(|c| c["node"] != "gpu-01") {
+        assert!(c["source"].as_str().unwrap().starts_with("peer gpu-0"), "{c}");
+    }
+    cluster.stop().await;
+}

@@ -2369,6 +2369,11 @@ export interface components {
             manifest?: string | null;
             node: string;
             progress?: null | components["schemas"]["Progress"];
+            /**
+             * @description Where the copy comes from: `peer gpu-02` (pulled from that machine's copy) or `fill` (the
+             *     drive's fill template).
+             */
+            source?: string | null;
             state: components["schemas"]["CopyState"];
         };
         /**
@@ -2605,6 +2610,11 @@ export interface components {
                 manifest?: string | null;
                 node: string;
                 progress?: null | components["schemas"]["Progress"];
+                /**
+                 * @description Where the copy comes from: `peer gpu-02` (pulled from that machine's copy) or `fill` (the
+                 *     drive's fill template).
+                 */
+                source?: string | null;
                 state: components["schemas"]["CopyState"];
             }[];
             /**
@@ -2883,6 +2893,11 @@ export interface components {
              * @description Room promised to the copy while it fills: the drive's `size_hint_bytes`.
              */
             size_hint_bytes: number;
+            /**
+             * @description Where the copy comes from: `peer gpu-02` (pulled from that machine's copy) or `fill` (the
+             *     drive's fill template).
+             */
+            source?: string | null;
             state: components["schemas"]["CopyState"];
         };
         MachineMeta: {

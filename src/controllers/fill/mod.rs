@@ -65,15 +65,19 @@ pub async fn tick(db: &PgPool, refill_after: Duration) -> anyhow::Result<(usize,
             _ => None,
         })
         .collect();
-    create_fills(&mut tx, &new).await?;
+    // A fill that waits for a peer's upload slot is planned again at each tick and done
+    // nothing for: it is no change, or the loop would never rest. A copy made whole (a new
+    // holder) and a peer fill ending wake the loop.
+    let waiting = create_fills(&mut tx, &new).await?;
     for change in &changes {
         apply(&mut tx, change).await?;
     }
-    if !changes.is_empty() {
+    let done = changes.len() - waiting;
+    if done > 0 {
         hub::request_schedule(&mut *tx).await?;
     }
     tx.commit().await?;
-    Ok((changes.len(), next))
+    Ok((done, next))
 }
 
 async fn apply(tx: &mut sqlx::PgConnection, change: &Change) -> anyhow::Result<()> {
@@ -134,9 +138,13 @@ async fn apply(tx: &mut sqlx::PgConnection, change: &Change) -> anyhow::Result<(
 /// Creates each pair's fill run, `fill-<drive>-<machine>`: the drive's fill template, pinned to
 /// the machine. A fleet joining at once needs tens of thousands; they are made in a few
 /// statements, however many.
-async fn create_fills(tx: &mut sqlx::PgConnection, pairs: &[(uuid::Uuid, uuid::Uuid)]) -> anyhow::Result<()> {
+/// Returns how many wait for a peer's upload slot: nothing was done for them.
+async fn create_fills(
+    tx: &mut sqlx::PgConnection,
+    pairs: &[(uuid::Uuid, uuid::Uuid)],
+) -> anyhow::Result<usize> {
     if pairs.is_empty() {
-        return Ok(());
+        return Ok(0);
     }
     let sources = store::fills::sources(&mut *tx, pairs).await?;
     let drives: Vec<uuid::Uuid> = sources.iter().map(|s| s.drive).collect();
@@ -150,8 +158,16 @@ async fn create_fills(tx: &mut sqlx::PgConnection, pairs: &[(uuid::Uuid, uuid::U
         })
         .collect();
     let chosen = peers::choose(&wanted, &holders);
-    let fills: Vec<NewFill> =
-        sources.iter().zip(chosen).filter_map(|(s, peer)| fill_run(s, peer.map(|i| &holders[i]))).collect();
+    let waiting = chosen.iter().filter(|c| **c == peers::Source::Wait).count();
+    let fills: Vec<NewFill> = sources
+        .iter()
+        .zip(chosen)
+        .filter_map(|(s, source)| match source {
+            peers::Source::Peer(i) => fill_run(s, Some(&holders[i])),
+            peers::Source::Origin => fill_run(s, None),
+            peers::Source::Wait => None,
+        })
+        .collect();
     let created: HashSet<(uuid::Uuid, uuid::Uuid)> =
         store::fills::insert_all(tx, &fills).await?.into_iter().collect();
     let why: Vec<(&NewFill, String)> = fills
@@ -176,8 +192,8 @@ async fn create_fills(tx: &mut sqlx::PgConnection, pairs: &[(uuid::Uuid, uuid::U
         })
         .collect();
     store::events::record_all(&mut *tx, &events).await?;
-    tracing::info!(fills = created.len(), "fill runs created");
-    Ok(())
+    tracing::info!(fills = created.len(), waiting, "fill runs created");
+    Ok(waiting)
 }
 
 /// The fill run a drive with a fill template needs on a machine, pulling from `peer` when one

@@ -17,27 +17,40 @@ pub struct Wanted<'a> {
     pub cluster: &'a str,
 }
 
-/// For each wanted copy, the index in `holders` of the one to pull it from, or `None` to fill
-/// it from the origin: a holder of its drive in its cluster, not the machine itself, with an
-/// upload slot free; the fewest uploads first, then the order given.
-pub fn choose(wanted: &[Wanted<'_>], holders: &[Holder]) -> Vec<Option<usize>> {
+/// Where a new copy comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// Pulled from `holders[i]`.
+    Peer(usize),
+    /// Every holder of the drive in its cluster is serving its most: the fill waits for a
+    /// slot, or for a copy being pulled to become a holder, rather than read the origin again.
+    Wait,
+    /// No machine of its cluster can serve it: the drive's fill template.
+    Origin,
+}
+
+/// For each wanted copy, where it comes from: a holder of its drive in its cluster, not the
+/// machine itself, with an upload slot free, the fewest uploads first, then the order given.
+pub fn choose(wanted: &[Wanted<'_>], holders: &[Holder]) -> Vec<Source> {
     let mut uploads: Vec<i64> = holders.iter().map(|h| h.uploads).collect();
     wanted
         .iter()
         .map(|w| {
+            let serving = |h: &Holder| h.drive == w.drive && h.cluster == w.cluster && h.machine != w.machine;
             let pick = holders
                 .iter()
                 .enumerate()
-                .filter(|(i, h)| {
-                    h.drive == w.drive
-                        && h.cluster == w.cluster
-                        && h.machine != w.machine
-                        && uploads[*i] < UPLOADS_PER_HOLDER
-                })
+                .filter(|(i, h)| serving(h) && uploads[*i] < UPLOADS_PER_HOLDER)
                 .min_by_key(|(i, _)| (uploads[*i], *i))
-                .map(|(i, _)| i)?;
-            uploads[pick] += 1;
-            Some(pick)
+                .map(|(i, _)| i);
+            match pick {
+                Some(i) => {
+                    uploads[i] += 1;
+                    Source::Peer(i)
+                }
+                None if holders.iter().any(serving) => Source::Wait,
+                None => Source::Origin,
+            }
         })
         .collect()
 }
@@ -68,10 +81,11 @@ mod tests {
     #[test]
     fn holders_serve_the_least_busy_first_and_no_more_than_their_slots() {
         // Holder 0 has one upload under way, holder 1 none: 1, 0, 1 (one slot each left), then
-        // none for the last two: filled from the origin.
+        // the last two wait for a slot or a new holder rather than read the origin.
         let holders = [holder(1, 10, "main", 1), holder(1, 11, "main", 0)];
         let want: Vec<_> = (20..25).map(|m| wanted(1, m)).collect();
-        assert_eq!(choose(&want, &holders), vec![Some(1), Some(0), Some(1), None, None]);
+        let (peer, wait) = (Source::Peer, Source::Wait);
+        assert_eq!(choose(&want, &holders), vec![peer(1), peer(0), peer(1), wait, wait]);
     }
 
     #[test]
@@ -83,7 +97,9 @@ mod tests {
             holder(1, 12, "main", 0),
         ];
         // Drive 1 on machine 20: not drive 2's holder, not the other cluster's, not itself.
-        assert_eq!(choose(&[wanted(1, 20)], &holders), vec![Some(3)]);
-        assert_eq!(choose(&[wanted(3, 20)], &holders), vec![None], "nobody holds drive 3");
+        assert_eq!(choose(&[wanted(1, 20)], &holders), vec![Source::Peer(3)]);
+        assert_eq!(choose(&[wanted(3, 20)], &holders), vec![Source::Origin], "nobody holds drive 3");
+        // The holder itself, were it to need the copy again, reads the origin.
+        assert_eq!(choose(&[wanted(2, 10)], &holders), vec![Source::Origin]);
     }
 }

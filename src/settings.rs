@@ -330,6 +330,10 @@ pub struct BenchArgs {
     /// CI-sized: finishes in under two minutes.
     #[arg(long)]
     pub quick: bool,
+    /// Measure peer fills only: a drive whole on one machine, needed on 15 more at once, with
+    /// real agents on loopback (4 machines and 64 MiB with --quick; needs podman).
+    #[arg(long)]
+    pub peers: bool,
     /// Also write the figures as JSON here.
     #[arg(long)]
     pub json: Option<PathBuf>,

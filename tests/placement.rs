@@ -907,9 +907,7 @@ async fn a_copy_held_whole_by_a_peer_is_pulled_from_it_and_one_that_differs_is_f
 }
 
 #[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
-async fn machines_that_need_a_drive_at_once_pull_it_from_peers_and_read_the_origin_once(
-    pool: PgPool,
-) {
+async fn machines_that_need_a_drive_at_once_pull_it_from_peers_and_read_the_origin_once(pool: PgPool) {
     let mut cluster = Cluster::start(&pool).await;
     let names = ["gpu-01", "gpu-02", "gpu-03", "gpu-04", "gpu-05", "gpu-06"];
     for name in names {

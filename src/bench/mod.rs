@@ -13,6 +13,7 @@ pub mod fleet;
 pub mod heartbeats;
 pub mod http;
 pub mod limits;
+pub mod peers;
 pub mod placement;
 pub mod report;
 pub mod setup;
@@ -98,21 +99,53 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     let started = Instant::now();
     eprintln!("==> bench: {plan:?}");
     let db = Database::open(args.database_url.as_ref().map(|u| u.expose_secret().to_owned()), &state).await?;
+    if args.peers {
+        let result = measure_peers(&db, &exe, &state, args.quick).await;
+        db.close().await;
+        let figures = result?;
+        println!("\n{}", peers::table(&figures));
+        return write_json(args.json.as_deref(), &json!({"peers": figures}));
+    }
     let result = measure(&plan, &db, &exe, &state).await;
     db.close().await;
     let mut report = result?;
     report.seconds = started.elapsed().as_secs_f64();
     println!("\n{}", report.table());
     println!("{}", report.details());
-    if let Some(path) = &args.json {
-        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir)?;
-        }
-        let text = serde_json::to_string_pretty(&report.json())? + "\n";
-        std::fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))?;
-        eprintln!("wrote {}", path.display());
+    write_json(args.json.as_deref(), &report.json())
+}
+
+fn write_json(path: Option<&Path>, value: &serde_json::Value) -> anyhow::Result<()> {
+    let Some(path) = path else { return Ok(()) };
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir)?;
     }
+    let text = serde_json::to_string_pretty(value)? + "\n";
+    std::fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))?;
+    eprintln!("wrote {}", path.display());
     Ok(())
+}
+
+/// The peer-fill phase alone, against its own server.
+async fn measure_peers(
+    db: &Database,
+    exe: &Path,
+    state: &Path,
+    quick: bool,
+) -> anyhow::Result<peers::Figures> {
+    let http = http::client()?;
+    let key = state.join("signing-key.pem");
+    Keys::generate_file(&key, true)?;
+    let server = Server::start(exe, &db.url, &key, state, &http).await?;
+    eprintln!("==> peer fills: server {}", server.base);
+    let result = async {
+        let token = setup::admin_token(exe, &db.url, &key).await?;
+        let api = Api::new(http.clone(), &server.base, &token);
+        peers::measure(&api, &db.url, &key, state, quick).await
+    }
+    .await;
+    server.stop().await;
+    result
 }
 
 /// Each simulated machine holds a long-poll open and may have a heartbeat and a status report in

@@ -68,7 +68,7 @@ pub(super) fn open_drives(dir: &Path) -> Option<OwnedFd> {
 }
 
 /// The path of `drives/` through its descriptor: nothing after it is looked up from the top.
-fn through(fd: &OwnedFd) -> PathBuf {
+pub(super) fn through(fd: &OwnedFd) -> PathBuf {
     PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()))
 }
 
@@ -147,7 +147,7 @@ fn open_folder(drives: &OwnedFd, folder: &str) -> Option<OwnedFd> {
 
 /// Renames `folder` aside atomically, so its name is free at once, and returns the new name;
 /// `None` when there is nothing by that name.
-fn rename_aside(drives: &OwnedFd, folder: &str) -> Option<String> {
+pub(super) fn rename_aside(drives: &OwnedFd, folder: &str) -> Option<String> {
     let aside = format!("{DELETING}{}", Uuid::new_v4().simple());
     match rustix::fs::renameat(drives, folder, drives, aside.as_str()) {
         Ok(()) => Some(aside),
@@ -159,7 +159,7 @@ fn rename_aside(drives: &OwnedFd, folder: &str) -> Option<String> {
     }
 }
 
-fn remove_aside(drives: &OwnedFd, aside: &str) {
+pub(super) fn remove_aside(drives: &OwnedFd, aside: &str) {
     // std's removal opens each folder relative to its parent and never follows a link.
     if let Err(e) = std::fs::remove_dir_all(through(drives).join(aside)) {
         tracing::warn!(folder = aside, error = %e, "cannot delete a copy moved aside");

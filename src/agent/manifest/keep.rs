@@ -200,6 +200,7 @@ pub fn pass(manifests: &Manifests, dir: &Path, stop: &CancellationToken) -> bool
         .map(|(id, folder)| (folder, id))
         .collect();
     tidy(manifests, &store, &complete);
+    sweep(manifests, &drives);
     let lacking: Vec<(&String, &Uuid)> = {
         let state = manifests.state();
         let unwritten = |f: &String| state.writers.get(f).is_none_or(|w| w.running == 0);
@@ -213,6 +214,39 @@ pub fn pass(manifests: &Manifests, dir: &Path, stop: &CancellationToken) -> bool
     let Some((folder, id)) = lacking.first() else { return false };
     make(manifests, &drives, &store, folder, **id, stop);
     lacking.len() > 1
+}
+
+/// Removes what pulls from peers left that no fill of this agent is pulling any more (its run
+/// or its drive deleted meanwhile): a folder being received and its fetched manifest. A fill
+/// holds its copy's folder from before it starts, and the check and the move aside happen under
+/// the lock a hold takes, so a pull under way or about to start keeps what it has.
+fn sweep(manifests: &Manifests, drives: &OwnedFd) {
+    use crate::agent::peer::{RECEIVED_MANIFEST, STAGING};
+    let Ok(entries) = std::fs::read_dir(disk::through(drives)) else { return };
+    let left: Vec<(String, String, bool)> = entries
+        .filter_map(Result::ok)
+        .filter_map(|e| Some((e.file_name().into_string().ok()?, e.file_type().ok()?.is_dir())))
+        .filter_map(|(name, is_dir)| {
+            let folder = name.strip_prefix(STAGING).or_else(|| name.strip_prefix(RECEIVED_MANIFEST))?;
+            disk::plain(folder).then(|| (name.clone(), folder.to_owned(), is_dir))
+        })
+        .collect();
+    for (name, folder, is_dir) in left {
+        let state = manifests.state();
+        if state.writers.get(&folder).is_some_and(|w| w.running > 0) {
+            continue;
+        }
+        tracing::info!(folder, "removing what a pull from a peer left");
+        if !is_dir {
+            let _ = rustix::fs::unlinkat(drives, name.as_str(), AtFlags::empty());
+            continue;
+        }
+        let aside = disk::rename_aside(drives, &name);
+        drop(state);
+        if let Some(aside) = aside {
+            disk::remove_aside(drives, &aside);
+        }
+    }
 }
 
 /// `drives/.manifests`, made (mode 0700) when missing, never through a link.
@@ -460,6 +494,34 @@ mod tests {
         again.settle();
         pass(&again, dir.path(), &stop);
         assert_eq!(reported(dir.path(), &again), Some(digest.to_string()));
+    }
+
+    #[test]
+    fn what_a_pull_left_goes_unless_a_fill_of_its_copy_holds_it() {
+        use crate::agent::peer::{RECEIVED_MANIFEST, STAGING};
+        let (dir, _) = location();
+        let (manifests, stop) = (Arc::new(Manifests::default()), CancellationToken::new());
+        manifests.settle();
+        let drives = dir.path().join("drives");
+        let staging = drives.join(format!("{STAGING}{FOLDER_NAME}"));
+        std::fs::create_dir_all(staging.join("train")).unwrap();
+        std::fs::write(staging.join("train/0.jpg"), "half").unwrap();
+        std::fs::write(drives.join(format!("{RECEIVED_MANIFEST}{FOLDER_NAME}")), "{}").unwrap();
+
+        let hold = manifests.hold(Some(dir.path()), &fill());
+        pass(&manifests, dir.path(), &stop);
+        assert!(staging.join("train/0.jpg").exists(), "a pull under way keeps what it has");
+        drop(hold);
+        pass(&manifests, dir.path(), &stop);
+        let names: Vec<String> = std::fs::read_dir(&drives)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .filter(|n| {
+                n.starts_with(STAGING) || n.starts_with(RECEIVED_MANIFEST) || n.starts_with(".deleting-")
+            })
+            .collect();
+        assert!(names.is_empty(), "{names:?}");
+        assert!(drives.join(FOLDER_NAME).exists(), "the copy itself stays");
     }
 
     #[test]

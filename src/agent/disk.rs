@@ -86,7 +86,29 @@ pub fn accept_location(own: &Path, offered: &str) -> Result<PathBuf, String> {
     Ok(path.to_path_buf())
 }
 
+/// The copies in `dir`, and those being pulled from peers as they stand: a copy being pulled is
+/// reported with its bytes received so far (whatever is in its place will go when it is in).
 fn copies(dir: &Path, sizes: &Sizes, manifests: &Manifests) -> Vec<CopyReport> {
+    let mut copies = copies_on_disk(dir, sizes, manifests);
+    for (drive, drive_id, bytes) in manifests.being_pulled() {
+        let pulled = CopyReport {
+            drive: drive.clone(),
+            drive_id: Some(drive_id),
+            bytes,
+            complete: false,
+            last_used_at: None,
+            manifest: None,
+        };
+        match copies.iter_mut().find(|c| c.drive == drive) {
+            Some(c) if !c.complete => *c = pulled,
+            Some(_) => {}
+            None => copies.push(pulled),
+        }
+    }
+    copies
+}
+
+fn copies_on_disk(dir: &Path, sizes: &Sizes, manifests: &Manifests) -> Vec<CopyReport> {
     let Some(drives) = open_drives(dir) else { return vec![] };
     let root = through(&drives);
     copy_folders(&drives)
@@ -289,6 +311,23 @@ pub(super) mod tests {
     fn entries(dir: &Path) -> Vec<String> {
         let names = std::fs::read_dir(dir.join("drives")).unwrap();
         names.map(|e| e.unwrap().file_name().into_string().unwrap()).collect()
+    }
+
+    #[test]
+    fn a_copy_being_pulled_is_reported_with_the_bytes_received_so_far() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("drives")).unwrap();
+        let (manifests, drive) = (Manifests::default(), Uuid::now_v7());
+        manifests.pulling("default.food101", drive, 4096);
+        let copies = report(dir.path(), &Sizes::default(), &manifests).copies;
+        assert_eq!(copies.len(), 1);
+        let c = &copies[0];
+        assert_eq!(
+            (c.drive.as_str(), c.drive_id, c.bytes, c.complete),
+            ("default.food101", Some(drive), 4096, false)
+        );
+        manifests.pulled("default.food101");
+        assert!(report(dir.path(), &Sizes::default(), &manifests).copies.is_empty());
     }
 
     #[test]

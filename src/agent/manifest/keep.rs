@@ -62,6 +62,9 @@ struct State {
     received: HashMap<String, (u64, u64)>,
     /// Manifests adopted so far: a pass forgets no manifest adopted after it listed the store.
     adoptions: u64,
+    /// Copies being pulled from peers, with their drive and the bytes on disk so far: a pull
+    /// writes beside the copy's place, where the measurer does not look.
+    pulling: HashMap<String, (Uuid, u64)>,
 }
 
 impl State {
@@ -93,6 +96,21 @@ impl Manifests {
         let state = self.state();
         let (made_for, digest) = state.kept.get(folder)?;
         (Some(*made_for) == drive_id).then_some(*digest)
+    }
+
+    /// Records that `folder`, the copy of `drive`, is being pulled and holds `bytes` so far.
+    pub fn pulling(&self, folder: &str, drive: Uuid, bytes: u64) {
+        self.state().pulling.insert(folder.to_owned(), (drive, bytes));
+    }
+
+    /// The pull of `folder` ended, whichever way.
+    pub fn pulled(&self, folder: &str) {
+        self.state().pulling.remove(folder);
+    }
+
+    /// The copies being pulled, with their drive and bytes so far, for heartbeats.
+    pub fn being_pulled(&self) -> Vec<(String, Uuid, u64)> {
+        self.state().pulling.iter().map(|(f, (d, b))| (f.clone(), *d, *b)).collect()
     }
 
     /// Says the workers running are all known (and held): manifests may be made from now on.

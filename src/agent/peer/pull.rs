@@ -147,6 +147,8 @@ pub async fn pull(
     };
     let dirs = Arc::new(Mutex::new(Dirs::new(stage)));
     let mut report = PullReport { files: manifest.files(), ..PullReport::default() };
+    // Heartbeats report the copy with what it holds so far, file by file.
+    let _progress = Progress { manifests, folder };
     for index in 0..manifest.entries().len() {
         // Files kept whole ask nothing of the holder, where a cancellation is otherwise seen.
         if cancel.is_cancelled() {
@@ -155,6 +157,7 @@ pub async fn pull(
         let (kept, received) = receive::entry(&fetch, &dirs, &manifest, index).await?;
         report.kept += kept;
         report.received += received;
+        manifests.pulling(folder, order.drive_id, report.kept + report.received);
     }
     let (order, manifests, dir) = (order.clone(), manifests.clone(), data_dir.to_path_buf());
     blocking(move || {
@@ -163,6 +166,18 @@ pub async fn pull(
     })
     .await??;
     Ok(report)
+}
+
+/// Ends a pull's progress in heartbeats, however the pull ends.
+struct Progress<'a> {
+    manifests: &'a Manifests,
+    folder: &'a str,
+}
+
+impl Drop for Progress<'_> {
+    fn drop(&mut self) {
+        self.manifests.pulled(self.folder);
+    }
 }
 
 /// Whether `drives/<folder>` is already a complete copy of the order's drive whose kept

@@ -22,6 +22,7 @@ pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(list_workspaces, create_workspace))
         .routes(routes!(list_clusters, create_cluster))
+        .routes(routes!(get_origin_fills, put_origin_fills))
         .routes(routes!(get_host_paths, put_host_paths))
 }
 
@@ -121,6 +122,75 @@ pub async fn create_cluster(
         .await
         .map_err(on_constraint("clusters_pkey", || format!("cluster {name} already exists")))?;
     Ok((StatusCode::CREATED, Json(Named { name: c.name, created_at: c.created_at })))
+}
+
+/// How many fills from the origin (drives' fill templates) a cluster runs at once. Copies
+/// pulled from peers are not counted.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct OriginFills {
+    /// At most this many at once; absent for no limit. Fills past it wait for one to end.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_concurrent: Option<u32>,
+    /// Fills from the origin that have not ended.
+    pub running: u64,
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct OriginFillsInput {
+    /// 1–100000, or null for no limit.
+    pub max_concurrent: Option<u32>,
+}
+
+async fn origin_fills(app: &AppState, cluster: &str) -> Result<OriginFills, ApiError> {
+    let found = store::clusters::origin_fills(&app.db, &[cluster.to_owned()]).await?.pop();
+    let c = found.ok_or_else(|| ApiError::not_found("cluster", cluster))?;
+    Ok(OriginFills {
+        max_concurrent: c.max_origin_fills.map(|m| m.max(0) as u32),
+        running: c.running.max(0) as u64,
+    })
+}
+
+/// A cluster's limit on fills from the origin at once.
+#[utoipa::path(get, path = "/clusters/{cluster}/origin-fills", tag = "organisation",
+    params(("cluster" = String, Path)),
+    responses((status = 200, body = OriginFills), (status = 404, body = ErrorBody)),
+    security(("bearer" = [])))]
+pub async fn get_origin_fills(
+    State(app): State<AppState>,
+    _caller: Caller,
+    Path(cluster): Path<String>,
+) -> Result<Json<OriginFills>, ApiError> {
+    Ok(Json(origin_fills(&app, &cluster).await?))
+}
+
+/// Set a cluster's limit on fills from the origin at once.
+#[utoipa::path(put, path = "/clusters/{cluster}/origin-fills", tag = "organisation",
+    params(("cluster" = String, Path)), request_body = OriginFillsInput,
+    responses(
+        (status = 200, body = OriginFills),
+        (status = 403, description = "Not an organisation-admin token", body = ErrorBody),
+        (status = 404, body = ErrorBody),
+        (status = 422, body = ErrorBody),
+    ),
+    security(("bearer" = [])))]
+pub async fn put_origin_fills(
+    State(app): State<AppState>,
+    caller: Caller,
+    Path(cluster): Path<String>,
+    Body(input): Body<OriginFillsInput>,
+) -> Result<Json<OriginFills>, ApiError> {
+    caller.require_org_admin("limit fills from the origin")?;
+    let max = match input.max_concurrent {
+        None => None,
+        Some(n @ 1..=100_000) => Some(n as i32),
+        Some(_) => return Err(ApiError::invalid("max_concurrent", "must be 1–100000, or null for no limit")),
+    };
+    if !store::clusters::set_max_origin_fills(&app.db, &cluster, max).await? {
+        return Err(ApiError::not_found("cluster", &cluster));
+    }
+    crate::hub::request_schedule(&app.db).await?;
+    Ok(Json(origin_fills(&app, &cluster).await?))
 }
 
 async fn target(app: &AppState, workspace: &str, cluster: &str) -> Result<uuid::Uuid, ApiError> {

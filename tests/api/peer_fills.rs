@@ -180,3 +180,53 @@ async fn a_data_port_that_is_not_a_plain_http_address_is_refused(db: sqlx::PgPoo
     }
     assert_eq!(beat(&app, &gpu01, None, Some("http://[::1]:7070")).await.status, 200);
 }
+
+#[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
+async fn a_clusters_limit_on_fills_from_the_origin_holds_the_others_back(db: sqlx::PgPool) {
+    let app = spawn_app(db).await;
+    join(&app, "gpu-01").await;
+    join(&app, "gpu-02").await;
+    assert_eq!(app.create_drive(&recipe_drive()).await.status, 201);
+    let admin = app.token_for("default", Role::Admin, true).await;
+    let editor = app.token_for("default", Role::Editor, false).await;
+    let path = "/clusters/main/origin-fills";
+    let set = |n: Value| json!({"max_concurrent": n});
+    assert_eq!(app.request(Method::PUT, path, Some(&editor), Some(&set(json!(1)))).await.status, 403);
+    let zero = app.request(Method::PUT, path, Some(&admin), Some(&set(json!(0)))).await;
+    assert_eq!(zero.status, 422, "{}", zero.text);
+    assert!(zero.text.contains("max_concurrent"), "{}", zero.text);
+    assert_eq!(
+        app.request(Method::PUT, "/clusters/nowhere/origin-fills", Some(&admin), Some(&set(json!(1))))
+            .await
+            .status,
+        404
+    );
+    let one = app.request(Method::PUT, path, Some(&admin), Some(&set(json!(1)))).await;
+    assert_eq!((one.status.as_u16(), one.json()), (200, json!({"max_concurrent": 1, "running": 0})));
+
+    // Two copies wanted at once, no peer holds the drive: one fill from the origin, the other waits.
+    for machine in ["gpu-01", "gpu-02"] {
+        let mut run = recipe_run();
+        run["metadata"]["name"] = json!(format!("read-{machine}"));
+        run["spec"]["task_template"]["requested_resources"]["node_selection"] =
+            json!({"mode": "Exact", "names": [machine]});
+        assert_eq!(app.create_run(&run).await.status, 201);
+    }
+    assert_eq!(astraeus::scheduler::tick(&app.db).await.unwrap(), 2);
+    let fills = async || -> i64 {
+        sqlx::query_scalar("SELECT count(*) FROM runs WHERE fill_drive_id IS NOT NULL")
+            .fetch_one(&app.db)
+            .await
+            .unwrap()
+    };
+    fill_tick(&app).await;
+    fill_tick(&app).await;
+    assert_eq!(fills().await, 1);
+    assert_eq!(app.get(path).await.json(), json!({"max_concurrent": 1, "running": 1}));
+
+    // Lifting the limit lets the other start.
+    let none = app.request(Method::PUT, path, Some(&admin), Some(&set(Value::Null))).await;
+    assert_eq!((none.status.as_u16(), none.json()), (200, json!({"running": 1})));
+    fill_tick(&app).await;
+    assert_eq!(fills().await, 2);
+}

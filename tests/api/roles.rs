@@ -172,6 +172,13 @@ async fn cases_for(app: &TestApp, who: Who) -> Vec<Case> {
         case(M::POST, "/clusters".into(), Some(json!({"name": format!("cluster-{s}")})), Who::OrgAdmin, 201),
         case(
             M::PUT,
+            "/clusters/main/origin-fills".into(),
+            Some(json!({"max_concurrent": 4})),
+            Who::OrgAdmin,
+            200,
+        ),
+        case(
+            M::PUT,
             "/workspaces/default/clusters/main/host-paths".into(),
             Some(json!({"paths": [format!("/data/{s}")]})),
             Who::OrgAdmin,
@@ -212,7 +219,7 @@ async fn each_role_may_change_exactly_what_it_is_allowed_to(db: sqlx::PgPool) {
             }
         }
     }
-    assert_eq!(seen, 4 * 20);
+    assert_eq!(seen, 4 * 21);
     assert!(wrong.is_empty(), "the role matrix is wrong:\n{wrong}");
 }
 

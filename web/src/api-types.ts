@@ -265,6 +265,110 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/v1/clusters/{cluster}/origin-fills": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** A cluster's limit on fills from the origin at once. */
+        get: {
+            parameters: {
+                query?: never;
+                header?: never;
+                path: {
+                    cluster: string;
+                };
+                cookie?: never;
+            };
+            requestBody?: never;
+            responses: {
+                200: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["OriginFills"];
+                    };
+                };
+                401: components["responses"]["Unauthorized"];
+                404: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["ErrorBody"];
+                    };
+                };
+                429: components["responses"]["TooManyRequests"];
+                503: components["responses"]["Unavailable"];
+            };
+        };
+        /** Set a cluster's limit on fills from the origin at once. */
+        put: {
+            parameters: {
+                query?: never;
+                header?: never;
+                path: {
+                    cluster: string;
+                };
+                cookie?: never;
+            };
+            requestBody: {
+                content: {
+                    "application/json": components["schemas"]["OriginFillsInput"];
+                };
+            };
+            responses: {
+                200: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["OriginFills"];
+                    };
+                };
+                400: components["responses"]["BadRequest"];
+                401: components["responses"]["Unauthorized"];
+                /** @description Not an organisation-admin token */
+                403: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["ErrorBody"];
+                    };
+                };
+                404: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["ErrorBody"];
+                    };
+                };
+                413: components["responses"]["PayloadTooLarge"];
+                415: components["responses"]["UnsupportedMediaType"];
+                422: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["ErrorBody"];
+                    };
+                };
+                429: components["responses"]["TooManyRequests"];
+                503: components["responses"]["Unavailable"];
+            };
+        };
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/v1/drives": {
         parameters: {
             query?: never;
@@ -2992,6 +3096,29 @@ export interface components {
             namespace: string;
             /** Format: uuid */
             uid: string;
+        };
+        /**
+         * @description How many fills from the origin (drives' fill templates) a cluster runs at once. Copies
+         *     pulled from peers are not counted.
+         */
+        OriginFills: {
+            /**
+             * Format: int32
+             * @description At most this many at once; absent for no limit. Fills past it wait for one to end.
+             */
+            max_concurrent?: number | null;
+            /**
+             * Format: int64
+             * @description Fills from the origin that have not ended.
+             */
+            running: number;
+        };
+        OriginFillsInput: {
+            /**
+             * Format: int32
+             * @description 1–100000, or null for no limit.
+             */
+            max_concurrent?: number | null;
         };
         /** @description How far a copy being filled has got. */
         Progress: {

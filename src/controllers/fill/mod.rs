@@ -157,7 +157,16 @@ async fn create_fills(
             cluster: s.drive_spec.0.cluster.as_str(),
         })
         .collect();
-    let chosen = peers::choose(&wanted, &holders);
+    let mut chosen = peers::choose(&wanted, &holders);
+    let mut clusters: Vec<String> = wanted.iter().map(|w| w.cluster.to_owned()).collect();
+    clusters.sort_unstable();
+    clusters.dedup();
+    let room: HashMap<String, i64> = store::clusters::origin_fills(&mut *tx, &clusters)
+        .await?
+        .into_iter()
+        .filter_map(|c| Some((c.cluster, i64::from(c.max_origin_fills?) - c.running)))
+        .collect();
+    peers::within_origin_limit(&wanted, &mut chosen, &room);
     let waiting = chosen.iter().filter(|c| **c == peers::Source::Wait).count();
     let fills: Vec<NewFill> = sources
         .iter()

@@ -55,6 +55,28 @@ pub fn choose(wanted: &[Wanted<'_>], holders: &[Holder]) -> Vec<Source> {
         .collect()
 }
 
+/// Holds back the fills from the origin past each cluster's limit (`room`: how many more it
+/// may start, by cluster; a cluster not named has no limit): they wait, as for a busy holder.
+pub fn within_origin_limit(
+    wanted: &[Wanted<'_>],
+    chosen: &mut [Source],
+    room: &std::collections::HashMap<String, i64>,
+) {
+    let mut room = room.clone();
+    for (w, source) in wanted.iter().zip(chosen.iter_mut()) {
+        if *source != Source::Origin {
+            continue;
+        }
+        if let Some(left) = room.get_mut(w.cluster) {
+            if *left <= 0 {
+                *source = Source::Wait;
+            } else {
+                *left -= 1;
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -86,6 +108,18 @@ mod tests {
         let want: Vec<_> = (20..25).map(|m| wanted(1, m)).collect();
         let (peer, wait) = (Source::Peer, Source::Wait);
         assert_eq!(choose(&want, &holders), vec![peer(1), peer(0), peer(1), wait, wait]);
+    }
+
+    #[test]
+    fn fills_from_the_origin_past_the_clusters_limit_wait() {
+        // Room for one more in main: the first of three goes, the others wait; another cluster
+        // has no limit; a peer fill is no origin fill.
+        let want =
+            [wanted(1, 20), wanted(2, 21), Wanted { cluster: "other", ..wanted(3, 22) }, wanted(4, 23)];
+        let mut chosen = vec![Source::Origin, Source::Peer(0), Source::Origin, Source::Origin];
+        let room = std::collections::HashMap::from([("main".to_owned(), 1)]);
+        within_origin_limit(&want, &mut chosen, &room);
+        assert_eq!(chosen, vec![Source::Origin, Source::Peer(0), Source::Origin, Source::Wait]);
     }
 
     #[test]

@@ -110,8 +110,8 @@ pub async fn measure(
         .await?;
         let all_whole_s = started.elapsed().as_secs_f64();
         let (origin_fills, peer_fills): (i64, i64) = sqlx::query_as(
-            "SELECT count(*) FILTER (WHERE fill_peer_machine_id IS NULL),
-                    count(*) FILTER (WHERE fill_peer_machine_id IS NOT NULL)
+            "SELECT count(*) FILTER (WHERE fill_peer_manifest IS NULL),
+                    count(*) FILTER (WHERE fill_peer_manifest IS NOT NULL)
              FROM runs WHERE fill_drive_id = $1",
         )
         .bind(drive)

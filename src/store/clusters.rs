@@ -41,7 +41,7 @@ pub async fn origin_fills(db: impl PgExecutor<'_>, clusters: &[String]) -> sqlx:
     sqlx::query_as(
         "SELECT c.name AS cluster, c.max_origin_fills,
              (SELECT count(*) FROM runs r WHERE r.cluster = c.name AND r.fill_drive_id IS NOT NULL
-                 AND r.fill_peer_machine_id IS NULL AND r.state NOT IN ('Completed', 'Failed')) AS running
+                 AND r.fill_peer_manifest IS NULL AND r.state NOT IN ('Completed', 'Failed')) AS running
          FROM clusters c WHERE c.name = ANY($1) ORDER BY c.name",
     )
     .bind(clusters)

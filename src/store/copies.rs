@@ -58,9 +58,10 @@ pub struct EvictionCopy {
     pub in_use: bool,
 }
 
-/// Where a copy comes from, `peer <machine>` or `fill` (its drive's template), by its fill run.
-const SOURCE: &str =
-    "CASE WHEN pm.name IS NOT NULL THEN 'peer ' || pm.name WHEN fr.id IS NOT NULL THEN 'fill' END AS source";
+/// Where a copy comes from, `peer <machine>` (`peer` once that machine is deleted) or `fill`
+/// (its drive's template), by its fill run.
+const SOURCE: &str = "CASE WHEN fr.fill_peer_manifest IS NOT NULL THEN 'peer' || COALESCE(' ' || pm.name, '')
+    WHEN fr.id IS NOT NULL THEN 'fill' END AS source";
 const SOURCE_JOIN: &str =
     "LEFT JOIN runs fr ON fr.fill_drive_id = c.drive_id AND fr.fill_machine_id = c.machine_id
     LEFT JOIN machines pm ON pm.id = fr.fill_peer_machine_id";

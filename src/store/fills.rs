@@ -74,7 +74,7 @@ pub struct FillRow {
 pub async fn unsettled(db: impl PgExecutor<'_>) -> sqlx::Result<Vec<FillRow>> {
     sqlx::query_as(
         "SELECT r.id AS run, r.fill_drive_id AS drive, r.fill_machine_id AS machine, r.state,
-             w.name AS last_worker, w.finished_at, r.fill_peer_machine_id IS NOT NULL AS peer,
+             w.name AS last_worker, w.finished_at, r.fill_peer_manifest IS NOT NULL AS peer,
              (SELECT count(*) FROM workers f WHERE f.run_id = r.id AND f.state = 'Completed'
                 AND f.finished_at >= c.created_at) AS fruitless
          FROM copies c
@@ -255,7 +255,7 @@ pub async fn last_reason(db: impl PgExecutor<'_>, run: Uuid) -> sqlx::Result<Opt
 /// Whether the copy of `drive` on `machine` is being filled from a peer.
 pub async fn from_peer(db: impl PgExecutor<'_>, drive: Uuid, machine: Uuid) -> sqlx::Result<bool> {
     let peer: Option<bool> = sqlx::query_scalar(
-        "SELECT fill_peer_machine_id IS NOT NULL FROM runs WHERE fill_drive_id = $1 AND fill_machine_id = $2",
+        "SELECT fill_peer_manifest IS NOT NULL FROM runs WHERE fill_drive_id = $1 AND fill_machine_id = $2",
     )
     .bind(drive)
     .bind(machine)

@@ -230,3 +230,46 @@ async fn a_clusters_limit_on_fills_from_the_origin_holds_the_others_back(db: sql
     fill_tick(&app).await;
     assert_eq!(fills().await, 2);
 }
+
+#[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
+async fn a_fill_whose_peer_is_deleted_mid_pull_is_filled_from_the_origin_when_the_pull_fails(
+    db: sqlx::PgPool,
+) {
+    let app = spawn_app(db).await;
+    let gpu01 = join(&app, "gpu-01").await;
+    let gpu02 = join(&app, "gpu-02").await;
+    let created = app.create_drive(&recipe_drive()).await;
+    let drive: Uuid = created.json()["metadata"]["uid"].as_str().unwrap().parse().unwrap();
+    let gpu01_id: Uuid =
+        sqlx::query_scalar("SELECT id FROM machines WHERE name = 'gpu-01'").fetch_one(&app.db).await.unwrap();
+    astraeus::store::copies::ensure_for(&app.db, drive, gpu01_id).await.unwrap();
+    assert_eq!(beat(&app, &gpu01, Some(drive), Some("http://10.0.0.1:7070")).await.status, 200);
+    let mut run = recipe_run();
+    run["spec"]["task_template"]["requested_resources"]["node_selection"] =
+        json!({"mode": "Exact", "names": ["gpu-02"]});
+    assert_eq!(app.create_run(&run).await.status, 201);
+    assert_eq!(astraeus::scheduler::tick(&app.db).await.unwrap(), 1);
+    fill_tick(&app).await;
+    assert_eq!(astraeus::scheduler::tick(&app.db).await.unwrap(), 1);
+    let fill = app.get("/workers/fill-food101-gpu-02-0").await.json();
+    let uid = fill["metadata"]["uid"].as_str().unwrap().to_owned();
+
+    // The holder is deleted while the copy is being pulled; the copy still says where it was
+    // coming from, and the pull, cut off, fails.
+    let admin = app.token_for("default", Role::Admin, true).await;
+    assert_eq!(app.request(Method::DELETE, "/machines/gpu-01", Some(&admin), None).await.status, 204);
+    let copies = app.get_drive("food101").await.json()["copies"].clone();
+    assert_eq!(copies[0]["source"], "peer", "{copies}");
+    let running = json!({"state": "Running", "exit_code": null});
+    agent(&app, &gpu02, Method::POST, &format!("/workers/{uid}/status"), Some(running)).await;
+    let why = "cannot reach the peer at http://10.0.0.1:7070: connection refused";
+    let failed = json!({"state": "Failed", "exit_code": null, "reason": why});
+    assert_eq!(
+        agent(&app, &gpu02, Method::POST, &format!("/workers/{uid}/status"), Some(failed)).await.status,
+        200
+    );
+    fill_tick(&app).await;
+    assert_eq!(app.get("/workers/fill-food101-gpu-02-1").await.status, 200, "the template runs");
+    let copies = app.get_drive("food101").await.json()["copies"].clone();
+    assert_eq!((&copies[0]["state"], &copies[0]["source"]), (&json!("Filling"), &json!("fill")), "{copies}");
+}

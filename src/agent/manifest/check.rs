@@ -314,6 +314,16 @@ mod tests {
     }
 
     #[test]
+    fn a_copy_holding_a_large_sparse_file_has_no_manifest() {
+        let copy = sample();
+        let hole = std::fs::File::create(copy.path().join("hole.bin")).unwrap();
+        hole.set_len(1 << 30).unwrap();
+        let err = built(copy.path()).unwrap_err();
+        assert!(err.starts_with("hole.bin is sparse ("), "{err}");
+        assert!(err.ends_with("of 1073741824): a copy with sparse files is not sent to peers"), "{err}");
+    }
+
+    #[test]
     fn a_build_stops_when_asked() {
         let copy = sample();
         let mut out = vec![];

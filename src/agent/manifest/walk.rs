@@ -177,7 +177,13 @@ impl Walk {
                 Kind::Odd(odd) => Found::Odd { path, odd },
                 Kind::Dir { empty: true } => Found::EmptyDir(path),
                 Kind::File => match open_file(&frame.dir, &child, self.dev) {
-                    Ok((file, size)) => Found::File { path, file, size },
+                    Ok((_, size, on_disk)) if sparse(size, on_disk) => {
+                        return Some(Err(format!(
+                            "{path} is sparse ({on_disk} bytes on disk of {size}): a copy with sparse files \
+                             is not sent to peers"
+                        )));
+                    }
+                    Ok((file, size, _)) => Found::File { path, file, size },
                     Err(e) => return Some(Err(format!("cannot read {path}: {e}"))),
                 },
                 Kind::Dir { empty: false } => {
@@ -195,8 +201,19 @@ impl Walk {
     }
 }
 
-/// The file `child` of `dir`, if it is still the regular file listed; with its size.
-fn open_file(dir: &OwnedFd, child: &Child, dev: u64) -> Result<(File, u64), String> {
+/// Files at least this large are hashed only when most of them is on disk.
+const SPARSE_FLOOR: u64 = 64 << 20;
+
+/// A large file with less than half of it on disk: hashing it would read mostly holes, at
+/// the cost of the machine's other work, for bytes the copy does not hold (a fill can make a
+/// file of terabytes in an instant).
+fn sparse(size: u64, on_disk: u64) -> bool {
+    size >= SPARSE_FLOOR && on_disk < size / 2
+}
+
+/// The file `child` of `dir`, if it is still the regular file listed; with its size and the
+/// bytes it takes on disk.
+fn open_file(dir: &OwnedFd, child: &Child, dev: u64) -> Result<(File, u64, u64), String> {
     // Non-blocking, so that a fifo put there since the listing cannot hold the walk.
     let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NONBLOCK | OFlags::NOCTTY;
     let fd = rustix::fs::openat(dir, child.name.as_str(), flags, Mode::empty()).map_err(|e| e.to_string())?;
@@ -206,7 +223,7 @@ fn open_file(dir: &OwnedFd, child: &Child, dev: u64) -> Result<(File, u64), Stri
     if !same {
         return Err("it changed while the copy was walked".into());
     }
-    Ok((File::from(fd), st.st_size.max(0) as u64))
+    Ok((File::from(fd), st.st_size.max(0) as u64, (st.st_blocks.max(0) as u64).saturating_mul(512)))
 }
 
 /// `name` beneath `parent`, opened for reading without following a symlink there.

@@ -159,6 +159,39 @@ impl TestApp {
         self.request(Method::GET, path, Some(&self.token), None).await
     }
 
+    /// A call to the agent API (`/agent/v1{path}`) with a machine's credential, as its agent
+    /// makes it.
+    pub async fn agent(&self, credential: &str, method: Method, path: &str, body: Option<&Value>) -> Reply {
+        let url = format!("{}/agent/v1{path}", self.address);
+        let mut req = self.client.request(method, url).bearer_auth(credential);
+        if let Some(b) = body {
+            req = req.json(b);
+        }
+        let resp = req.send().await.expect("the server answers");
+        let status = resp.status();
+        Reply { status, text: resp.text().await.unwrap() }
+    }
+
+    /// A heartbeat of the machine with `credential`: a data location of `total` bytes, `used` of
+    /// them by `copies`, and the fields of `extra`.
+    pub async fn heartbeat(
+        &self,
+        credential: &str,
+        total: u64,
+        used: u64,
+        copies: Vec<Value>,
+        extra: Value,
+    ) -> Reply {
+        let mut body = serde_json::json!({
+            "data_location": {"total_bytes": total, "used_bytes": used, "free_bytes": total - used},
+            "copies": copies,
+        });
+        if let (Some(body), Some(extra)) = (body.as_object_mut(), extra.as_object()) {
+            body.extend(extra.clone());
+        }
+        self.agent(credential, Method::POST, "/heartbeat", Some(&body)).await
+    }
+
     pub async fn post(&self, path: &str, body: &Value) -> Reply {
         self.request(Method::POST, path, Some(&self.token), Some(body)).await
     }

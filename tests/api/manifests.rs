@@ -13,20 +13,7 @@ async fn beat(app: &TestApp, credential: &str, drive: Uuid, complete: bool, mani
     if let Some(m) = manifest {
         copy["manifest"] = json!(m);
     }
-    let body = json!({
-        "data_location": {"total_bytes": 1_000_000, "used_bytes": 1000, "free_bytes": 999_000},
-        "copies": [copy],
-    });
-    let reply = app
-        .client
-        .post(format!("{}/agent/v1/heartbeat", app.address))
-        .bearer_auth(credential)
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    let status = reply.status();
-    Reply { status, text: reply.text().await.unwrap() }
+    app.heartbeat(credential, 1_000_000, 1000, vec![copy], json!({})).await
 }
 
 /// The copy's manifest as the drive and the machine show it; they must agree.

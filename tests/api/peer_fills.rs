@@ -39,34 +39,31 @@ async fn beat(app: &TestApp, credential: &str, drive: Option<Uuid>, address: Opt
         })
         .into_iter()
         .collect();
-    let mut body = json!({
-        "data_location": {"total_bytes": 1_000_000_000_000u64, "used_bytes": 0, "free_bytes": 1_000_000_000_000u64},
-        "copies": copies,
-    });
-    if let Some(a) = address {
-        body["data_address"] = json!(a);
-    }
-    let reply = app
-        .client
-        .post(format!("{}/agent/v1/heartbeat", app.address))
-        .bearer_auth(credential)
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    let status = reply.status();
-    Reply { status, text: reply.text().await.unwrap() }
+    let extra = address.map_or(json!({}), |a| json!({"data_address": a}));
+    app.heartbeat(credential, 1_000_000_000_000, 0, copies, extra).await
 }
 
 async fn agent(app: &TestApp, credential: &str, method: Method, path: &str, body: Option<Value>) -> Reply {
-    let mut request =
-        app.client.request(method, format!("{}/agent/v1{path}", app.address)).bearer_auth(credential);
-    if let Some(b) = body {
-        request = request.json(&b);
-    }
-    let reply = request.send().await.unwrap();
-    let status = reply.status();
-    Reply { status, text: reply.text().await.unwrap() }
+    app.agent(credential, method, path, body.as_ref()).await
+}
+
+/// gpu-01 holds food101 whole, with its manifest, and serves peers at http://10.0.0.1:7070; a
+/// run pinned to gpu-02 needs it there. The app, the two credentials, the drive and gpu-01.
+async fn holder_and_reader(db: sqlx::PgPool) -> (TestApp, String, String, Uuid, Uuid) {
+    let app = spawn_app(db).await;
+    let gpu01 = join(&app, "gpu-01").await;
+    let gpu02 = join(&app, "gpu-02").await;
+    let created = app.create_drive(&recipe_drive()).await;
+    let drive: Uuid = created.json()["metadata"]["uid"].as_str().unwrap().parse().unwrap();
+    let gpu01_id: Uuid =
+        sqlx::query_scalar("SELECT id FROM machines WHERE name = 'gpu-01'").fetch_one(&app.db).await.unwrap();
+    astraeus::store::copies::ensure_for(&app.db, drive, gpu01_id).await.unwrap();
+    assert_eq!(beat(&app, &gpu01, Some(drive), Some("http://10.0.0.1:7070")).await.status, 200);
+    let mut run = recipe_run();
+    run["spec"]["task_template"]["requested_resources"]["node_selection"] =
+        json!({"mode": "Exact", "names": ["gpu-02"]});
+    assert_eq!(app.create_run(&run).await.status, 201);
+    (app, gpu01, gpu02, drive, gpu01_id)
 }
 
 async fn fill_tick(app: &TestApp) {
@@ -77,24 +74,11 @@ async fn fill_tick(app: &TestApp) {
 async fn a_copy_a_peer_holds_whole_is_pulled_from_it_and_filled_from_the_origin_when_the_pull_fails(
     db: sqlx::PgPool,
 ) {
-    let app = spawn_app(db).await;
-    let gpu01 = join(&app, "gpu-01").await;
-    let gpu02 = join(&app, "gpu-02").await;
-    let created = app.create_drive(&recipe_drive()).await;
-    let drive: Uuid = created.json()["metadata"]["uid"].as_str().unwrap().parse().unwrap();
-    let gpu01_id: Uuid =
-        sqlx::query_scalar("SELECT id FROM machines WHERE name = 'gpu-01'").fetch_one(&app.db).await.unwrap();
-    // gpu-01 holds the copy whole, with its manifest, and serves peers.
-    astraeus::store::copies::ensure_for(&app.db, drive, gpu01_id).await.unwrap();
-    assert_eq!(beat(&app, &gpu01, Some(drive), Some("http://10.0.0.1:7070")).await.status, 200);
+    let (app, gpu01, gpu02, drive, gpu01_id) = holder_and_reader(db).await;
     let machine = app.get("/machines/gpu-01").await.json();
     assert_eq!(machine["copies"][0]["manifest"], MANIFEST, "{machine}");
 
-    // A run pinned to gpu-02 needs the copy there: its fill pulls it from gpu-01.
-    let mut run = recipe_run();
-    run["spec"]["task_template"]["requested_resources"]["node_selection"] =
-        json!({"mode": "Exact", "names": ["gpu-02"]});
-    assert_eq!(app.create_run(&run).await.status, 201);
+    // The run pinned to gpu-02 needs the copy there: its fill pulls it from gpu-01.
     assert_eq!(astraeus::scheduler::tick(&app.db).await.unwrap(), 1);
     fill_tick(&app).await;
     let events = app.get("/events?object=drive/food101").await.json();
@@ -235,19 +219,7 @@ async fn a_clusters_limit_on_fills_from_the_origin_holds_the_others_back(db: sql
 async fn a_fill_whose_peer_is_deleted_mid_pull_is_filled_from_the_origin_when_the_pull_fails(
     db: sqlx::PgPool,
 ) {
-    let app = spawn_app(db).await;
-    let gpu01 = join(&app, "gpu-01").await;
-    let gpu02 = join(&app, "gpu-02").await;
-    let created = app.create_drive(&recipe_drive()).await;
-    let drive: Uuid = created.json()["metadata"]["uid"].as_str().unwrap().parse().unwrap();
-    let gpu01_id: Uuid =
-        sqlx::query_scalar("SELECT id FROM machines WHERE name = 'gpu-01'").fetch_one(&app.db).await.unwrap();
-    astraeus::store::copies::ensure_for(&app.db, drive, gpu01_id).await.unwrap();
-    assert_eq!(beat(&app, &gpu01, Some(drive), Some("http://10.0.0.1:7070")).await.status, 200);
-    let mut run = recipe_run();
-    run["spec"]["task_template"]["requested_resources"]["node_selection"] =
-        json!({"mode": "Exact", "names": ["gpu-02"]});
-    assert_eq!(app.create_run(&run).await.status, 201);
+    let (app, _, gpu02, _, _) = holder_and_reader(db).await;
     assert_eq!(astraeus::scheduler::tick(&app.db).await.unwrap(), 1);
     fill_tick(&app).await;
     assert_eq!(astraeus::scheduler::tick(&app.db).await.unwrap(), 1);

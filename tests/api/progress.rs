@@ -13,19 +13,8 @@ async fn beat(app: &TestApp, credential: &str, drive: Uuid, bytes: u64, complete
     let copy = json!({
         "drive": "default.food101", "drive_id": drive, "bytes": bytes, "complete": complete, "last_used_at": null,
     });
-    let body = json!({
-        "data_location": {"total_bytes": 100 * GB, "used_bytes": bytes, "free_bytes": 100 * GB - bytes},
-        "copies": [copy],
-    });
-    let reply = app
-        .client
-        .post(format!("{}/agent/v1/heartbeat", app.address))
-        .bearer_auth(credential)
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(reply.status().as_u16(), 200);
+    let reply = app.heartbeat(credential, 100 * GB, bytes, vec![copy], json!({})).await;
+    assert_eq!(reply.status, 200, "{}", reply.text);
 }
 
 /// The progress of the copy as the drive and the machine show it; they must agree.

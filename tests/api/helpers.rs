@@ -159,6 +159,37 @@ impl TestApp {
         self.request(Method::GET, path, Some(&self.token), None).await
     }
 
+    /// Joins `name` with its data location confirmed and 1 TB free there; its credential.
+    pub async fn join_with_room(&self, name: &str, cpu_cores: u32) -> String {
+        let credential = self.join_machine(name, cpu_cores).await;
+        let admin = self.token_for("default", Role::Admin, true).await;
+        let confirm = json!({"path": "/var/lib/astraeus"});
+        let path = format!("/machines/{name}/data-location");
+        let reply = self.request(Method::POST, &path, Some(&admin), Some(&confirm)).await;
+        assert_eq!(reply.status, 200, "{}", reply.text);
+        sqlx::query("UPDATE machines SET data_total_bytes = 1e12, data_free_bytes = 1e12 WHERE name = $1")
+            .bind(name)
+            .execute(&self.db)
+            .await
+            .unwrap();
+        credential
+    }
+
+    /// Creates the recipe's drive and the copy a worker placed on `machine` would make, being
+    /// filled there; the drive's id and the machine's.
+    pub async fn recipe_drive_with_copy_on(&self, machine: &str) -> (uuid::Uuid, uuid::Uuid) {
+        let created = self.create_drive(&recipe_drive()).await;
+        assert_eq!(created.status, 201, "{}", created.text);
+        let drive = created.json()["metadata"]["uid"].as_str().unwrap().parse().unwrap();
+        let id = sqlx::query_scalar("SELECT id FROM machines WHERE name = $1")
+            .bind(machine)
+            .fetch_one(&self.db)
+            .await
+            .unwrap();
+        store::copies::ensure_for(&self.db, drive, id).await.unwrap();
+        (drive, id)
+    }
+
     /// A call to the agent API (`/agent/v1{path}`) with a machine's credential, as its agent
     /// makes it.
     pub async fn agent(&self, credential: &str, method: Method, path: &str, body: Option<&Value>) -> Reply {

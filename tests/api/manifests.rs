@@ -35,11 +35,7 @@ async fn a_whole_copys_manifest_digest_is_kept_and_shown_and_goes_when_the_copy_
 ) {
     let app = spawn_app(db).await;
     let credential = app.join_machine("gpu-01", 1).await;
-    let created = app.create_drive(&recipe_drive()).await;
-    let drive: Uuid = created.json()["metadata"]["uid"].as_str().unwrap().parse().unwrap();
-    let machine: Uuid =
-        sqlx::query_scalar("SELECT id FROM machines WHERE name = 'gpu-01'").fetch_one(&app.db).await.unwrap();
-    astraeus::store::copies::ensure_for(&app.db, drive, machine).await.unwrap();
+    let (drive, _) = app.recipe_drive_with_copy_on("gpu-01").await;
     let (a, b) = ("a".repeat(64), "b".repeat(64));
 
     // Not whole: a digest is not kept.

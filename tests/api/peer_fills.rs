@@ -12,23 +12,6 @@ use crate::helpers::*;
 
 const MANIFEST: &str = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
 
-/// Joins `name` with a confirmed data location of 1 TB; its credential.
-async fn join(app: &TestApp, name: &str) -> String {
-    let credential = app.join_machine(name, 4).await;
-    let admin = app.token_for("default", Role::Admin, true).await;
-    let confirm = json!({"path": "/var/lib/astraeus"});
-    let reply = app
-        .request(Method::POST, &format!("/machines/{name}/data-location"), Some(&admin), Some(&confirm))
-        .await;
-    assert_eq!(reply.status, 200, "{}", reply.text);
-    sqlx::query("UPDATE machines SET data_total_bytes = 1e12, data_free_bytes = 1e12 WHERE name = $1")
-        .bind(name)
-        .execute(&app.db)
-        .await
-        .unwrap();
-    credential
-}
-
 /// A heartbeat of a machine: its copies of food101 (made for `drive`), whole with the manifest
 /// when `drive` is given, and its data port when `address` is; the reply.
 async fn beat(app: &TestApp, credential: &str, drive: Option<Uuid>, address: Option<&str>) -> Reply {
@@ -51,13 +34,9 @@ async fn agent(app: &TestApp, credential: &str, method: Method, path: &str, body
 /// run pinned to gpu-02 needs it there. The app, the two credentials, the drive and gpu-01.
 async fn holder_and_reader(db: sqlx::PgPool) -> (TestApp, String, String, Uuid, Uuid) {
     let app = spawn_app(db).await;
-    let gpu01 = join(&app, "gpu-01").await;
-    let gpu02 = join(&app, "gpu-02").await;
-    let created = app.create_drive(&recipe_drive()).await;
-    let drive: Uuid = created.json()["metadata"]["uid"].as_str().unwrap().parse().unwrap();
-    let gpu01_id: Uuid =
-        sqlx::query_scalar("SELECT id FROM machines WHERE name = 'gpu-01'").fetch_one(&app.db).await.unwrap();
-    astraeus::store::copies::ensure_for(&app.db, drive, gpu01_id).await.unwrap();
+    let gpu01 = app.join_with_room("gpu-01", 4).await;
+    let gpu02 = app.join_with_room("gpu-02", 4).await;
+    let (drive, gpu01_id) = app.recipe_drive_with_copy_on("gpu-01").await;
     assert_eq!(beat(&app, &gpu01, Some(drive), Some("http://10.0.0.1:7070")).await.status, 200);
     let mut run = recipe_run();
     run["spec"]["task_template"]["requested_resources"]["node_selection"] =
@@ -154,7 +133,7 @@ async fn a_copy_a_peer_holds_whole_is_pulled_from_it_and_filled_from_the_origin_
 #[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
 async fn a_data_port_that_is_not_a_plain_http_address_is_refused(db: sqlx::PgPool) {
     let app = spawn_app(db).await;
-    let gpu01 = join(&app, "gpu-01").await;
+    let gpu01 = app.join_with_room("gpu-01", 4).await;
     for bad in
         ["ftp://10.0.0.1:21", "http://user@10.0.0.1:80", "http://10.0.0.1:80/path", "http://", "10.0.0.1:80"]
     {
@@ -168,8 +147,8 @@ async fn a_data_port_that_is_not_a_plain_http_address_is_refused(db: sqlx::PgPoo
 #[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
 async fn a_clusters_limit_on_fills_from_the_origin_holds_the_others_back(db: sqlx::PgPool) {
     let app = spawn_app(db).await;
-    join(&app, "gpu-01").await;
-    join(&app, "gpu-02").await;
+    app.join_with_room("gpu-01", 4).await;
+    app.join_with_room("gpu-02", 4).await;
     assert_eq!(app.create_drive(&recipe_drive()).await.status, 201);
     let admin = app.token_for("default", Role::Admin, true).await;
     let editor = app.token_for("default", Role::Editor, false).await;

@@ -30,13 +30,7 @@ async fn progress(app: &TestApp) -> Value {
 async fn a_filling_copy_shows_its_rate_and_time_left_after_two_heartbeats(db: sqlx::PgPool) {
     let app = spawn_app(db).await;
     let credential = app.join_machine("gpu-01", 1).await;
-    let created = app.create_drive(&recipe_drive()).await;
-    assert_eq!(created.status, 201, "{}", created.text);
-    let drive: Uuid = created.json()["metadata"]["uid"].as_str().unwrap().parse().unwrap();
-    let machine: Uuid =
-        sqlx::query_scalar("SELECT id FROM machines WHERE name = 'gpu-01'").fetch_one(&app.db).await.unwrap();
-    // The copy a worker placed on gpu-01 would make.
-    astraeus::store::copies::ensure_for(&app.db, drive, machine).await.unwrap();
+    let (drive, _) = app.recipe_drive_with_copy_on("gpu-01").await;
     assert_eq!(progress(&app).await, json!({"bytes": 0, "size_hint_bytes": 6 * GB, "percent": 0.0}));
 
     // 1 GB of 6 GB = 16.7%; one observation gives no rate.
@@ -83,27 +77,11 @@ async fn a_filling_copy_shows_its_rate_and_time_left_after_two_heartbeats(db: sq
     assert_eq!(machine["copies"][0].get("progress"), None, "{machine}");
 }
 
-/// Joins `name` with its data location confirmed and 1 TB free; its credential.
-async fn join_with_room(app: &TestApp, name: &str) -> String {
-    let credential = app.join_machine(name, 4).await;
-    let admin = app.token_for("default", astraeus::domain::role::Role::Admin, true).await;
-    let confirm = json!({"path": "/var/lib/astraeus"});
-    let path = format!("/machines/{name}/data-location");
-    let reply = app.request(reqwest::Method::POST, &path, Some(&admin), Some(&confirm)).await;
-    assert_eq!(reply.status, 200, "{}", reply.text);
-    sqlx::query("UPDATE machines SET data_total_bytes = 1e12, data_free_bytes = 1e12 WHERE name = $1")
-        .bind(name)
-        .execute(&app.db)
-        .await
-        .unwrap();
-    credential
-}
-
 #[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
 async fn a_worker_goes_where_its_copy_being_filled_will_be_whole_soonest(db: sqlx::PgPool) {
     let app = spawn_app(db).await;
-    let gpu01 = join_with_room(&app, "gpu-01").await;
-    let gpu02 = join_with_room(&app, "gpu-02").await;
+    let gpu01 = app.join_with_room("gpu-01", 4).await;
+    let gpu02 = app.join_with_room("gpu-02", 4).await;
     let created = app.create_drive(&recipe_drive()).await;
     let drive: Uuid = created.json()["metadata"]["uid"].as_str().unwrap().parse().unwrap();
     for machine in ["gpu-01", "gpu-02"] {
@@ -141,11 +119,7 @@ async fn a_worker_goes_where_its_copy_being_filled_will_be_whole_soonest(db: sql
 async fn a_copys_fill_rate_is_kept_from_its_heartbeats_once_it_is_whole(db: sqlx::PgPool) {
     let app = spawn_app(db).await;
     let credential = app.join_machine("gpu-01", 1).await;
-    let created = app.create_drive(&recipe_drive()).await;
-    let drive: Uuid = created.json()["metadata"]["uid"].as_str().unwrap().parse().unwrap();
-    let machine: Uuid =
-        sqlx::query_scalar("SELECT id FROM machines WHERE name = 'gpu-01'").fetch_one(&app.db).await.unwrap();
-    astraeus::store::copies::ensure_for(&app.db, drive, machine).await.unwrap();
+    let (drive, _) = app.recipe_drive_with_copy_on("gpu-01").await;
     let rate = async || -> Option<i64> {
         sqlx::query_scalar("SELECT fill_rate FROM copies").fetch_one(&app.db).await.unwrap()
     };

@@ -10,6 +10,7 @@ pub mod disk;
 pub mod gpus;
 pub mod host;
 pub mod images;
+pub mod layout;
 pub mod manifest;
 pub mod mounts;
 pub mod output;

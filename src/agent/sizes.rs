@@ -17,7 +17,7 @@ use std::sync::Mutex;
 
 use rustix::fs::{AtFlags, Dir, FileType, Mode, OFlags};
 
-use super::disk;
+use super::layout;
 
 /// Entries a pass visits at most, over all the copies it walks.
 pub const PASS_ENTRIES: usize = 20_000;
@@ -71,13 +71,13 @@ impl Measurer {
         if self.dir.as_deref() != Some(dir) {
             *self = Measurer { dir: Some(dir.to_path_buf()), ..Measurer::default() };
         }
-        let Some(drives) = disk::open_drives(dir) else {
+        let Some(drives) = layout::open_drives(dir) else {
             self.turn.clear();
             self.walks.clear();
             sizes.keep_only(&[]);
             return Pass { visited: 0, unfinished: false };
         };
-        let present = disk::copy_folders(&drives);
+        let present = layout::copy_folders(&drives);
         sizes.keep_only(&present);
         self.turn.retain(|f| present.contains(f));
         self.walks.retain(|f, _| present.contains(f));
@@ -138,7 +138,7 @@ impl Walk {
             };
             let name = entry.file_name();
             // The drive id the agent keeps in the copy is not the copy's data.
-            if name == c"." || name == c".." || depth == 1 && name.to_bytes() == disk::COPY_ID.as_bytes() {
+            if name == c"." || name == c".." || depth == 1 && name.to_bytes() == layout::COPY_ID.as_bytes() {
                 continue;
             }
             *left -= 1;
@@ -198,13 +198,13 @@ mod tests {
             }
         }
         std::fs::write(big.join("weights"), vec![0u8; 4096]).unwrap();
-        std::fs::write(big.join(disk::MARKER), b"").unwrap();
+        std::fs::write(big.join(layout::MARKER), b"").unwrap();
         let (sizes, mut m) = (Sizes::default(), Measurer::default());
 
         let first = m.pass(dir.path(), &sizes, BUDGET);
         assert_eq!(first, Pass { visited: BUDGET, unfinished: true });
         // The heartbeat's report, made while the walk is unfinished, reads only what is known.
-        let report = disk::report(dir.path(), &sizes, &Default::default());
+        let report = crate::agent::disk::report(dir.path(), &sizes, &Default::default());
         assert_eq!(report.copies.len(), 1);
         let c = &report.copies[0];
         assert_eq!((c.drive.as_str(), c.bytes, c.complete), ("default.many", 0, true));
@@ -212,7 +212,7 @@ mod tests {
         // 200,000 files, 200 folders, `weights` and the marker: 200,202 entries, 10,000 a pass.
         let rest = settle(&mut m, dir.path(), &sizes, BUDGET);
         assert_eq!(1 + rest, 200_202usize.div_ceil(BUDGET));
-        assert_eq!(disk::report(dir.path(), &sizes, &Default::default()).copies[0].bytes, 4096);
+        assert_eq!(crate::agent::disk::report(dir.path(), &sizes, &Default::default()).copies[0].bytes, 4096);
     }
 
     #[test]
@@ -250,7 +250,7 @@ mod tests {
         assert_eq!(sizes.get("default.x"), Some(5));
         assert_eq!(sizes.get("default.link"), None, "a link in drives/ is not a copy");
 
-        disk::tests::delete_reported(dir.path(), "default.x");
+        crate::agent::disk::tests::delete_reported(dir.path(), "default.x");
         m.pass(dir.path(), &sizes, 1_000);
         assert_eq!(sizes.get("default.x"), None);
     }

@@ -208,8 +208,8 @@ mod tests {
         std::fs::write(p.join("a/b/c.jpg"), "c").unwrap();
         std::fs::write(p.join("a/zero"), "").unwrap();
         std::fs::write(p.join("a0/big"), vec![7u8; CHUNK_BYTES as usize + 3]).unwrap();
-        std::fs::write(p.join(crate::agent::disk::MARKER), "").unwrap();
-        std::fs::write(p.join(crate::agent::disk::COPY_ID), Uuid::nil().to_string()).unwrap();
+        std::fs::write(p.join(crate::agent::layout::MARKER), "").unwrap();
+        std::fs::write(p.join(crate::agent::layout::COPY_ID), Uuid::nil().to_string()).unwrap();
         dir
     }
 

@@ -29,7 +29,7 @@ use uuid::Uuid;
 
 use super::build::{STOPPED, build_at};
 use super::{Digest, Header, walk};
-use crate::agent::disk;
+use crate::agent::layout;
 use crate::protocol::{Assignment, MountSource};
 
 /// The agent's folder of manifests in `drives/`.
@@ -126,7 +126,7 @@ impl Manifests {
             .iter()
             .filter(|m| !m.read_only)
             .filter_map(|m| match &m.source {
-                MountSource::Copy { folder, .. } if disk::plain(folder) => Some(folder.clone()),
+                MountSource::Copy { folder, .. } if layout::plain(folder) => Some(folder.clone()),
                 _ => None,
             })
             .collect();
@@ -141,7 +141,7 @@ impl Manifests {
                 state.received.remove(folder);
             }
         }
-        if let Some(drives) = dir.and_then(disk::open_drives) {
+        if let Some(drives) = dir.and_then(layout::open_drives) {
             for folder in &folders {
                 remove(&drives, folder);
             }
@@ -206,15 +206,15 @@ pub fn pass(manifests: &Manifests, dir: &Path, stop: &CancellationToken) -> bool
         }
         state.locate(dir);
     }
-    let Some(drives) = disk::open_drives(dir) else {
+    let Some(drives) = layout::open_drives(dir) else {
         manifests.state().kept.clear();
         return false;
     };
     let Some(store) = open_store(&drives) else { return false };
     // Complete copies with a drive id: the only ones with a manifest.
-    let complete: BTreeMap<String, Uuid> = disk::copy_folders(&drives)
+    let complete: BTreeMap<String, Uuid> = layout::copy_folders(&drives)
         .into_iter()
-        .filter_map(|folder| Some((disk::complete_copy(&drives, &folder)?, folder)))
+        .filter_map(|folder| Some((layout::complete_copy(&drives, &folder)?, folder)))
         .map(|(id, folder)| (folder, id))
         .collect();
     tidy(manifests, &store, &complete);
@@ -240,13 +240,13 @@ pub fn pass(manifests: &Manifests, dir: &Path, stop: &CancellationToken) -> bool
 /// the lock a hold takes, so a pull under way or about to start keeps what it has.
 fn sweep(manifests: &Manifests, drives: &OwnedFd) {
     use crate::agent::peer::{RECEIVED_MANIFEST, STAGING};
-    let Ok(entries) = std::fs::read_dir(disk::through(drives)) else { return };
+    let Ok(entries) = std::fs::read_dir(layout::through(drives)) else { return };
     let left: Vec<(String, String, bool)> = entries
         .filter_map(Result::ok)
         .filter_map(|e| Some((e.file_name().into_string().ok()?, e.file_type().ok()?.is_dir())))
         .filter_map(|(name, is_dir)| {
             let folder = name.strip_prefix(STAGING).or_else(|| name.strip_prefix(RECEIVED_MANIFEST))?;
-            disk::plain(folder).then(|| (name.clone(), folder.to_owned(), is_dir))
+            layout::plain(folder).then(|| (name.clone(), folder.to_owned(), is_dir))
         })
         .collect();
     for (name, folder, is_dir) in left {
@@ -259,10 +259,10 @@ fn sweep(manifests: &Manifests, drives: &OwnedFd) {
             let _ = rustix::fs::unlinkat(drives, name.as_str(), AtFlags::empty());
             continue;
         }
-        let aside = disk::rename_aside(drives, &name);
+        let aside = layout::rename_aside(drives, &name);
         drop(state);
         if let Some(aside) = aside {
-            disk::remove_aside(drives, &aside);
+            layout::remove_aside(drives, &aside);
         }
     }
 }
@@ -420,7 +420,7 @@ fn make(
     };
     let _ = rustix::fs::unlinkat(store, scratch.as_str(), AtFlags::empty());
     let kept = match made {
-        Ok(digest) if disk::complete_copy(drives, folder) == Some(id) => {
+        Ok(digest) if layout::complete_copy(drives, folder) == Some(id) => {
             let mut state = manifests.state();
             let still = state.writers.get(folder).copied().unwrap_or_default() == before;
             let name = format!("{folder}{SUFFIX}");
@@ -458,10 +458,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let id = Uuid::now_v7();
         let me = rustix::process::getuid().as_raw();
-        let copy = disk::fill_folder(dir.path(), FOLDER_NAME, id, me).unwrap();
+        let copy = crate::agent::disk::fill_folder(dir.path(), FOLDER_NAME, id, me).unwrap();
         std::fs::create_dir(copy.join("train")).unwrap();
         std::fs::write(copy.join("train/0.jpg"), "jpeg").unwrap();
-        std::fs::write(copy.join(disk::MARKER), "").unwrap();
+        std::fs::write(copy.join(layout::MARKER), "").unwrap();
         (dir, id)
     }
 
@@ -470,7 +470,7 @@ mod tests {
     }
 
     fn reported(dir: &Path, manifests: &Manifests) -> Option<String> {
-        let report = disk::report(dir, &Default::default(), manifests);
+        let report = crate::agent::disk::report(dir, &Default::default(), manifests);
         report.copies.into_iter().find(|c| c.drive == FOLDER_NAME)?.manifest
     }
 
@@ -576,27 +576,27 @@ mod tests {
         pass(&manifests, dir.path(), &stop);
         let copy = dir.path().join("drives").join(FOLDER_NAME);
 
-        std::fs::remove_file(copy.join(disk::MARKER)).unwrap();
+        std::fs::remove_file(copy.join(layout::MARKER)).unwrap();
         assert_eq!(reported(dir.path(), &manifests), None, "an incomplete copy has none");
         pass(&manifests, dir.path(), &stop);
         assert!(!file(dir.path()).exists());
-        std::fs::write(copy.join(disk::MARKER), "").unwrap();
+        std::fs::write(copy.join(layout::MARKER), "").unwrap();
         pass(&manifests, dir.path(), &stop);
         assert!(file(dir.path()).exists());
 
         // The folder now names another drive: the manifest made for the first is stale.
         let kept = std::fs::read(file(dir.path())).unwrap();
-        std::fs::remove_file(copy.join(disk::COPY_ID)).unwrap();
-        std::fs::write(copy.join(disk::COPY_ID), Uuid::now_v7().to_string()).unwrap();
+        std::fs::remove_file(copy.join(layout::COPY_ID)).unwrap();
+        std::fs::write(copy.join(layout::COPY_ID), Uuid::now_v7().to_string()).unwrap();
         assert_eq!(reported(dir.path(), &manifests), None);
         let fresh = Manifests::default();
         fresh.settle();
         pass(&fresh, dir.path(), &stop);
         assert_ne!(std::fs::read(file(dir.path())).unwrap(), kept, "made again for the new drive");
-        std::fs::remove_file(copy.join(disk::COPY_ID)).unwrap();
-        std::fs::write(copy.join(disk::COPY_ID), id.to_string()).unwrap();
+        std::fs::remove_file(copy.join(layout::COPY_ID)).unwrap();
+        std::fs::write(copy.join(layout::COPY_ID), id.to_string()).unwrap();
 
-        disk::tests::delete_reported(dir.path(), FOLDER_NAME);
+        crate::agent::disk::tests::delete_reported(dir.path(), FOLDER_NAME);
         assert!(!file(dir.path()).exists(), "deleted with its copy");
     }
 
@@ -608,18 +608,18 @@ mod tests {
         let digest =
             super::super::build(&copy, id, tempfile::tempfile().unwrap(), &mut bytes, &|| true).unwrap();
         // The copy as a pull leaves it before its marker, held by the fill that received it.
-        std::fs::remove_file(copy.join(disk::MARKER)).unwrap();
+        std::fs::remove_file(copy.join(layout::MARKER)).unwrap();
         let (manifests, stop) = (Arc::new(Manifests::default()), CancellationToken::new());
         manifests.settle();
         let hold = manifests.hold(Some(dir.path()), &fill());
         std::fs::write(dir.path().join("drives/.received"), &bytes).unwrap();
-        let drives = disk::open_drives(dir.path()).unwrap();
+        let drives = layout::open_drives(dir.path()).unwrap();
         adopt(&manifests, dir.path(), &drives, ".received", FOLDER_NAME, id, digest).unwrap();
         assert_eq!(manifests.digest(FOLDER_NAME, Some(id)), Some(digest), "known at once");
         assert!(!pass(&manifests, dir.path(), &stop));
         assert!(file(dir.path()).exists(), "kept though the copy has no marker yet and is held");
 
-        std::fs::write(copy.join(disk::MARKER), "").unwrap();
+        std::fs::write(copy.join(layout::MARKER), "").unwrap();
         drop(hold);
         pass(&manifests, dir.path(), &stop);
         assert_eq!(reported(dir.path(), &manifests), Some(digest.to_string()));

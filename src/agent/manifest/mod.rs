@@ -227,7 +227,7 @@ fn hash_chunks(
 
 /// A name kept for what the agent writes in a copy: never listed, never received from a peer.
 fn reserved(name: &str) -> bool {
-    name.starts_with(".astralyx-") || name == super::disk::COPY_ID
+    name.starts_with(".astralyx-") || name == crate::agent::layout::COPY_ID
 }
 
 #[cfg(test)]

@@ -11,7 +11,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use rustix::fs::{AtFlags, Dir, FileType, Mode, OFlags};
 
 use super::{MAX_DEPTH, MAX_ENTRIES, MAX_PATH_BYTES, reserved};
-use crate::agent::disk::{COPY_ID, MARKER};
+use crate::agent::layout::{COPY_ID, MARKER};
 
 /// What a walk finds, in order.
 #[derive(Debug)]

@@ -12,6 +12,7 @@
 mod beneath;
 pub mod fill;
 pub mod keys;
+pub mod order;
 pub mod pull;
 pub mod rate;
 mod receive;

@@ -12,110 +12,23 @@
 use std::os::fd::OwnedFd;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use rustix::fs::{AtFlags, Mode, OFlags};
 use tokio_util::sync::CancellationToken;
-use uuid::Uuid;
 
 use super::beneath::{self, Dirs};
-use super::rate::Rate;
+pub use super::order::{Order, PullError, PullLimits, PullReport};
+use super::order::{blocking, disk_error};
 use super::receive::{self, Fetch};
 use super::{RECEIVED_MANIFEST, STAGING};
 use crate::agent::disk::{self, MARKER};
-use crate::agent::manifest::{self, Digest, MAX_MANIFEST_BYTES, Manifest, Manifests, keep};
+use crate::agent::layout;
+use crate::agent::manifest::{self, MAX_MANIFEST_BYTES, Manifest, Manifests, keep};
 use crate::agent::mounts;
-use crate::domain::quantity::human_bytes;
 
 /// Rounds of removing what a resumed folder holds and its manifest does not list: each
 /// empties the folders the last one emptied, as deep as a manifest's paths go.
 const PRUNE_ROUNDS: usize = 130;
-
-/// A copy to pull: where from, with which leave, and what it must be.
-#[derive(Debug, Clone)]
-pub struct Order {
-    /// The holder's data port, `http://host:port`.
-    pub source: String,
-    /// The transfer token the server minted for this pull.
-    pub token: String,
-    /// The copy's folder in `drives/`, `<namespace>.<drive>`.
-    pub folder: String,
-    /// The drive the copy is made for: the manifest must name it.
-    pub drive_id: Uuid,
-    /// The digest of the manifest, as the holder reported it to the server.
-    pub digest: Digest,
-}
-
-/// Bounds on a pull.
-#[derive(Debug, Clone)]
-pub struct PullLimits {
-    /// Bytes per second, shared by the pulls holding a clone; `None` for no limit.
-    pub rate: Option<Rate>,
-    /// Free space to leave at the data location once the copy is in.
-    pub reserve_bytes: u64,
-    /// How long the holder may send nothing before the pull gives up (to resume later).
-    pub idle: Duration,
-}
-
-impl Default for PullLimits {
-    fn default() -> Self {
-        PullLimits { rate: None, reserve_bytes: 0, idle: Duration::from_secs(60) }
-    }
-}
-
-/// What a pull did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct PullReport {
-    /// Bytes of files received from the holder.
-    pub received: u64,
-    /// Bytes of files found on disk from an earlier pull, checked and kept.
-    pub kept: u64,
-    /// Files in the copy.
-    pub files: u64,
-}
-
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum PullError {
-    /// The holder said no (a bad or expired token, a copy that is gone or changed…).
-    #[error("the peer refused ({status}): {message}")]
-    Refused { status: u16, message: String },
-    /// The holder is sending as many copies as it may.
-    #[error("the peer is busy: retry in {} s", retry_after.as_secs())]
-    Busy { retry_after: Duration },
-    /// The connection failed or was cut: a pull again resumes where this one stopped.
-    #[error("the transfer from the peer failed: {0}")]
-    Transfer(String),
-    /// The manifest the holder sent is not the one the server named, or not valid.
-    #[error("the peer's manifest of {folder} is not the one expected: {why}")]
-    Manifest { folder: String, why: String },
-    /// A file's bytes are not those the manifest lists.
-    #[error("peer copy of {folder} differs from its manifest at {path}")]
-    Differs { folder: String, path: String },
-    #[error(
-        "peer copy of {folder} needs {} at this machine's data location, {} free",
-        human_bytes(*needed), human_bytes(*free)
-    )]
-    NoRoom { folder: String, needed: u64, free: u64 },
-    /// This machine's disk failed, or its data location is not usable.
-    #[error("cannot write the copy here: {0}")]
-    Disk(String),
-    /// The order itself cannot be carried out (a folder or address that is not one).
-    #[error("the pull's order is not valid: {0}")]
-    BadOrder(String),
-    #[error("the pull was cancelled")]
-    Cancelled,
-}
-
-impl PullError {
-    /// Whether pulling again from the same holder may succeed (and resumes).
-    pub fn retryable(&self) -> bool {
-        matches!(self, PullError::Transfer(_) | PullError::Busy { .. })
-    }
-}
-
-pub(super) fn disk_error(e: impl std::fmt::Display) -> PullError {
-    PullError::Disk(e.to_string())
-}
 
 /// Pulls `order`'s copy into `data_dir`'s `drives/<folder>` and keeps its manifest in
 /// `manifests`, its digest known at once. Idempotent: a copy already whole there, with this
@@ -129,12 +42,12 @@ pub async fn pull(
     cancel: &CancellationToken,
 ) -> Result<PullReport, PullError> {
     let folder = order.folder.as_str();
-    if !disk::plain(folder) || folder.starts_with('.') {
+    if !layout::plain(folder) || folder.starts_with('.') {
         return Err(PullError::BadOrder(format!("{folder:?} is not a copy's folder name")));
     }
     let fetch = Fetch::new(order, limits, cancel)?;
     mounts::make_beneath(data_dir, "drives").map_err(PullError::Disk)?;
-    let drives = Arc::new(disk::open_drives(data_dir).ok_or_else(|| disk_error("cannot open drives/"))?);
+    let drives = Arc::new(layout::open_drives(data_dir).ok_or_else(|| disk_error("cannot open drives/"))?);
     if already_whole(order, &drives, manifests) {
         return Ok(PullReport::default());
     }
@@ -183,7 +96,7 @@ impl Drop for Progress<'_> {
 /// Whether `drives/<folder>` is already a complete copy of the order's drive whose kept
 /// manifest has the order's digest: a pull again (a retry whose answer was lost) is then done.
 fn already_whole(order: &Order, drives: &OwnedFd, manifests: &Manifests) -> bool {
-    disk::complete_copy(drives, &order.folder) == Some(order.drive_id)
+    layout::complete_copy(drives, &order.folder) == Some(order.drive_id)
         && manifests.digest(&order.folder, Some(order.drive_id)) == Some(order.digest)
 }
 
@@ -285,11 +198,4 @@ fn finish(
         keep::disown(manifests, drives, folder);
         disk_error(format!("cannot write the marker of {folder}: {e}"))
     })
-}
-
-/// Runs blocking disk work off the async threads.
-pub(super) async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> T + Send + 'static,
-) -> Result<T, PullError> {
-    tokio::task::spawn_blocking(f).await.map_err(disk_error)
 }

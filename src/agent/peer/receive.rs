@@ -11,7 +11,7 @@ use rustix::fs::{FileType, Mode, OFlags};
 use tokio_util::sync::CancellationToken;
 
 use super::beneath::{self, Dirs};
-use super::pull::{Order, PullError, PullLimits, blocking, disk_error};
+use super::order::{Order, PullError, PullLimits, blocking, disk_error};
 use super::rate::Rate;
 use crate::agent::manifest::{CHUNK_BYTES, Entry, Manifest};
 

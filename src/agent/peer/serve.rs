@@ -30,7 +30,7 @@ use super::beneath;
 use super::keys::TrustedKeys;
 use super::rate::Rate;
 use crate::agent::Shared;
-use crate::agent::disk;
+use crate::agent::layout;
 use crate::agent::manifest::{Digest, Manifest, Manifests, keep};
 use crate::auth::transfer::TransferClaims;
 
@@ -222,12 +222,12 @@ impl Holder {
         let folder = grant.folder.as_str();
         let missing = || Refusal(StatusCode::NOT_FOUND, format!("no copy of {folder} here"));
         let dir = self.shared.data_location.lock().expect("not poisoned").clone().ok_or_else(missing)?;
-        if !disk::plain(folder) || folder.starts_with('.') {
+        if !layout::plain(folder) || folder.starts_with('.') {
             return Err(missing());
         }
-        let drives = disk::open_drives(&dir).ok_or_else(missing)?;
+        let drives = layout::open_drives(&dir).ok_or_else(missing)?;
         let root = beneath::open_dir(&drives, folder).map_err(|_| missing())?;
-        match disk::complete_copy(&drives, folder) {
+        match layout::complete_copy(&drives, folder) {
             None => return Err(conflict(format!("the copy of {folder} here is not complete"))),
             Some(id) if id != grant.drive => {
                 let why = format!("the copy of {folder} here was made for another drive than the token's");

@@ -27,7 +27,7 @@ use uuid::Uuid;
 
 pub use super::layout::{COPY_ID, MARKER};
 use super::layout::{
-    copy_folders, copy_id, open_drives, open_folder, plain, remove_aside, rename_aside, through,
+    copy_folders, copy_id, open_dir, open_drives, plain, remove_aside, rename_aside, through,
 };
 use super::manifest::{self, Manifests};
 use super::mounts;
@@ -169,7 +169,7 @@ pub fn fill_folder(dir: &Path, folder: &str, drive: Uuid, owner: u32) -> Result<
 fn make_folder(drives: &OwnedFd, folder: &str, drive: Uuid, owner: u32) -> Result<(), String> {
     let cannot = |e: rustix::io::Errno| format!("cannot make the copy's folder {folder}: {e}");
     rustix::fs::mkdirat(drives, folder, Mode::from_raw_mode(0o755)).map_err(cannot)?;
-    let fd = open_folder(drives, folder).ok_or_else(|| format!("cannot open {folder}"))?;
+    let fd = open_dir(drives, folder).map_err(|e| format!("cannot open {folder}: {e}"))?;
     write_copy_id(&fd, drive).map_err(|e| format!("cannot write {COPY_ID} in {folder}: {e}"))?;
     // The folder itself is handed over through its descriptor, never what a link names.
     let (uid, gid) = (rustix::fs::Uid::from_raw(owner), rustix::fs::Gid::from_raw(owner));

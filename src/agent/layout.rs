@@ -4,7 +4,7 @@
 //! being removed or received, manifests) start with a dot and are never a copy.
 
 use std::io::Read;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
 use rustix::fs::{AtFlags, CWD, FileType, Mode, OFlags};
@@ -51,7 +51,7 @@ pub(in crate::agent) fn plain(folder: &str) -> bool {
 /// The drive `folder` was made for, from its [`COPY_ID`] file; `None` when the file is missing,
 /// a link, or holds no id (a folder made before copies named their drive).
 pub(in crate::agent) fn copy_id(drives: &OwnedFd, folder: &str) -> Option<Uuid> {
-    let folder = open_folder(drives, folder)?;
+    let folder = open_dir(drives, folder).ok()?;
     let flags = OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOFOLLOW | OFlags::NONBLOCK;
     let file = rustix::fs::openat(&folder, COPY_ID, flags, Mode::empty()).ok()?;
     let mut text = String::new();
@@ -62,15 +62,20 @@ pub(in crate::agent) fn copy_id(drives: &OwnedFd, folder: &str) -> Option<Uuid> 
 
 /// The drive whose complete copy `folder` holds: its marker is a file and it names its drive.
 pub(in crate::agent) fn complete_copy(drives: &OwnedFd, folder: &str) -> Option<Uuid> {
-    let fd = open_folder(drives, folder)?;
+    let fd = open_dir(drives, folder).ok()?;
     let marker = rustix::fs::statat(&fd, MARKER, AtFlags::SYMLINK_NOFOLLOW).ok()?;
     let complete = FileType::from_raw_mode(marker.st_mode) == FileType::RegularFile;
     complete.then(|| copy_id(drives, folder)).flatten()
 }
 
-pub(in crate::agent) fn open_folder(drives: &OwnedFd, folder: &str) -> Option<OwnedFd> {
+/// The folder `name` beneath `parent`, opened for reading without following a link there: the
+/// one way in to anything beneath `drives/`.
+pub(in crate::agent) fn open_dir<P: rustix::path::Arg>(
+    parent: impl AsFd,
+    name: P,
+) -> std::io::Result<OwnedFd> {
     let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC | OFlags::NOFOLLOW;
-    rustix::fs::openat(drives, folder, flags, Mode::empty()).ok()
+    Ok(rustix::fs::openat(parent, name, flags, Mode::empty())?)
 }
 
 /// Renames `folder` aside atomically, so its name is free at once, and returns the new name;

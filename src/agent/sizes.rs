@@ -11,13 +11,13 @@
 //! and an entry on another device (something mounted inside the copy) is skipped.
 
 use std::collections::{HashMap, VecDeque};
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
-use rustix::fs::{AtFlags, Dir, FileType, Mode, OFlags};
+use rustix::fs::{AtFlags, Dir, FileType};
 
-use super::layout;
+use super::layout::{self, open_dir};
 
 /// Entries a pass visits at most, over all the copies it walks.
 pub const PASS_ENTRIES: usize = 20_000;
@@ -119,7 +119,7 @@ struct Walk {
 
 impl Walk {
     fn start(drives: &OwnedFd, folder: &str) -> Option<Walk> {
-        let fd = open_dir(drives, folder)?;
+        let fd = open_dir(drives, folder).ok()?;
         let dev = rustix::fs::fstat(&fd).ok()?.st_dev;
         Some(Walk { dev, stack: vec![Dir::new(fd).ok()?], bytes: 0 })
     }
@@ -153,7 +153,7 @@ impl Walk {
                     None
                 }
                 FileType::Directory if depth < MAX_DEPTH => {
-                    open_dir(parent, name).and_then(|fd| Dir::new(fd).ok())
+                    open_dir(parent, name).ok().and_then(|fd| Dir::new(fd).ok())
                 }
                 _ => None,
             };
@@ -161,12 +161,6 @@ impl Walk {
         }
         self.stack.is_empty()
     }
-}
-
-/// `name` beneath `parent`, opened for reading without following a symlink there.
-fn open_dir<P: rustix::path::Arg>(parent: impl AsFd, name: P) -> Option<OwnedFd> {
-    let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
-    rustix::fs::openat(parent, name, flags, Mode::empty()).ok()
 }
 
 #[cfg(test)]

@@ -170,16 +170,22 @@ async fn join(
     Ok(Json(JoinResponse { credential, machine: m.name, cluster: m.cluster }))
 }
 
-/// An agent's data port as peers reach it: `http(s)://host:port`, nothing more.
+/// An agent's data port as peers reach it: `http(s)://host:port` and nothing more (no user,
+/// path, query or fragment), read with the URL grammar peers will read it with.
 fn check_data_address(address: &str) -> Result<(), ApiError> {
-    let rest = address.strip_prefix("http://").or_else(|| address.strip_prefix("https://"));
-    let plain = |r: &str| {
-        !r.is_empty()
-            && r.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | ':' | '[' | ']'))
-    };
-    match rest {
-        Some(r) if plain(r) && address.len() <= 255 => Ok(()),
-        _ => Err(ApiError::invalid("data_address", "must be http://host:port or https://host:port")),
+    let plain = reqwest::Url::parse(address).is_ok_and(|u| {
+        matches!(u.scheme(), "http" | "https")
+            && u.host().is_some()
+            && u.username().is_empty()
+            && u.password().is_none()
+            && u.path() == "/"
+            && !address.ends_with('/')
+            && u.query().is_none()
+            && u.fragment().is_none()
+    });
+    match plain && address.len() <= 255 {
+        true => Ok(()),
+        false => Err(ApiError::invalid("data_address", "must be http://host:port or https://host:port")),
     }
 }
 

@@ -2,7 +2,7 @@
 //! its fills, and the origin's limit is shared among all fills max-min fairly (water-filling:
 //! a fill held below its fair share by its machine leaves the rest to the others).
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 
 /// Times in the simulation, milliseconds from the trace's start.
 pub type Ms = i64;
@@ -42,9 +42,14 @@ impl Fills {
         self.bandwidth[machine]
     }
 
-    /// Bytes still to write of each fill under way, by (machine, drive), as of [`Fills::at`].
-    pub fn remaining(&self) -> HashMap<(usize, usize), f64> {
-        self.active.iter().map(|f| ((f.machine, f.drive), f.remaining)).collect()
+    /// Bytes still to write of each fill under way of `drives`, by (machine, drive), as of
+    /// [`Fills::at`]: a pass weighs only the copies of the drives its workers mount.
+    pub fn remaining_of(&self, drives: &BTreeSet<usize>) -> HashMap<(usize, usize), f64> {
+        self.active
+            .iter()
+            .filter(|f| drives.contains(&f.drive))
+            .map(|f| ((f.machine, f.drive), f.remaining))
+            .collect()
     }
 
     /// Brings every fill's progress up to `now`, at the rates set since the last change.

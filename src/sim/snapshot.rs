@@ -172,7 +172,7 @@ impl Views {
         runs.dedup();
         let drives: BTreeSet<usize> =
             runs.iter().flat_map(|r| world.runs[*r].drives.iter().copied()).collect();
-        let remaining = world.fills.remaining();
+        let remaining = world.fills.remaining_of(&drives);
         for d in drives {
             for &m in &world.holders[d] {
                 if !(whole || self.shortcuts.unfit_copies || s.machines[m].ready) {

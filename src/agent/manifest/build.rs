@@ -32,7 +32,7 @@ pub fn build(
     out: impl Write,
     go_on: &dyn Fn() -> bool,
 ) -> Result<Digest, String> {
-    let root = walk::open_dir(CWD, copy).ok_or_else(|| format!("cannot open {}", copy.display()))?;
+    let root = walk::open_dir(CWD, copy).map_err(|e| format!("cannot open {}: {e}", copy.display()))?;
     build_at(root, drive_id, scratch, out, go_on)
 }
 

@@ -35,7 +35,7 @@ impl Check {
 /// of the listed size until one differs. Blocking: it reads the whole copy. Fails only when the
 /// folder cannot be walked or a file cannot be read.
 pub fn check(folder: &Path, manifest: &Manifest) -> Result<Check, String> {
-    let root = walk::open_dir(CWD, folder).ok_or_else(|| format!("cannot open {}", folder.display()))?;
+    let root = walk::open_dir(CWD, folder).map_err(|e| format!("cannot open {}: {e}", folder.display()))?;
     compare_all(root, manifest, true)
 }
 

@@ -190,7 +190,7 @@ pub(in crate::agent) fn file_name(folder: &str) -> String {
 
 /// Removes `folder`'s manifest, if any: its copy is being removed or written to.
 pub(in crate::agent) fn remove(drives: &OwnedFd, folder: &str) {
-    if let Some(store) = walk::open_dir(drives, FOLDER) {
+    if let Ok(store) = walk::open_dir(drives, FOLDER) {
         let _ = rustix::fs::unlinkat(&store, format!("{folder}{SUFFIX}"), AtFlags::empty());
     }
 }
@@ -273,7 +273,7 @@ fn open_store(drives: &OwnedFd) -> Option<OwnedFd> {
         Ok(()) | Err(rustix::io::Errno::EXIST) => {}
         Err(e) => tracing::warn!(error = %e, "cannot make drives/{FOLDER}"),
     }
-    let store = walk::open_dir(drives, FOLDER);
+    let store = walk::open_dir(drives, FOLDER).ok();
     if store.is_none() {
         tracing::warn!("cannot open drives/{FOLDER} (not a folder?): no copy gets a manifest");
     }
@@ -410,7 +410,7 @@ fn make(
     };
     let go_on = || !stop.is_cancelled() && manifests.writers(folder) == before;
     let started = std::time::Instant::now();
-    let made = match (walk::open_dir(drives, folder), create(&scratch), create(&temp)) {
+    let made = match (walk::open_dir(drives, folder).ok(), create(&scratch), create(&temp)) {
         (Some(root), Ok(scratch), Ok(out)) => {
             let made = build_at(root, id, scratch, BufWriter::new(&out), &go_on);
             made.and_then(|digest| out.sync_all().map(|()| digest).map_err(|e| e.to_string()))

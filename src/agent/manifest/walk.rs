@@ -6,11 +6,12 @@
 //! has that prefix, and an empty one as its bare name, the only path it yields.
 
 use std::fs::File;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::OwnedFd;
 
 use rustix::fs::{AtFlags, Dir, FileType, Mode, OFlags};
 
 use super::{MAX_DEPTH, MAX_ENTRIES, MAX_PATH_BYTES, reserved};
+pub(super) use crate::agent::layout::open_dir;
 use crate::agent::layout::{COPY_ID, MARKER};
 
 /// What a walk finds, in order.
@@ -187,7 +188,7 @@ impl Walk {
                     Err(e) => return Some(Err(format!("cannot read {path}: {e}"))),
                 },
                 Kind::Dir { empty: false } => {
-                    let Some(dir) = open_dir(&frame.dir, child.name.as_str()) else {
+                    let Ok(dir) = open_dir(&frame.dir, child.name.as_str()) else {
                         return Some(Err(format!("cannot open folder {path}")));
                     };
                     if let Err(e) = self.enter(dir, path + "/") {
@@ -226,16 +227,10 @@ fn open_file(dir: &OwnedFd, child: &Child, dev: u64) -> Result<(File, u64, u64),
     Ok((File::from(fd), st.st_size.max(0) as u64, (st.st_blocks.max(0) as u64).saturating_mul(512)))
 }
 
-/// `name` beneath `parent`, opened for reading without following a symlink there.
-pub(super) fn open_dir<P: rustix::path::Arg>(parent: impl AsFd, name: P) -> Option<OwnedFd> {
-    let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
-    rustix::fs::openat(parent, name, flags, Mode::empty()).ok()
-}
-
 /// Whether the folder `name` beneath `parent` has no entries; a folder that cannot be read is
 /// taken as having some, so that opening it fails the walk with its name.
 fn is_empty(parent: &OwnedFd, name: &std::ffi::CStr) -> bool {
-    let Some(mut dir) = open_dir(parent, name).and_then(|fd| Dir::new(fd).ok()) else { return false };
+    let Some(mut dir) = open_dir(parent, name).ok().and_then(|fd| Dir::new(fd).ok()) else { return false };
     while let Some(entry) = dir.read() {
         match entry {
             Ok(e) if e.file_name() == c"." || e.file_name() == c".." => continue,

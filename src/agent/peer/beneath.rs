@@ -4,16 +4,12 @@
 
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 
 use rustix::fs::{AtFlags, FileType, Mode, OFlags};
 use rustix::io::Errno;
 
-/// `name` beneath `parent`, a folder, not followed if a link.
-pub fn open_dir(parent: impl AsFd, name: &str) -> io::Result<OwnedFd> {
-    let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
-    Ok(rustix::fs::openat(parent, name, flags, Mode::empty())?)
-}
+pub(in crate::agent) use crate::agent::layout::open_dir;
 
 /// The folder holding `path` beneath `root`, and the last component; without making anything.
 pub fn open_parent<'p>(root: &OwnedFd, path: &'p str) -> io::Result<(OwnedFd, &'p str)> {
@@ -88,7 +84,7 @@ impl Dirs {
         self.open.truncate(same);
         for part in &parts[same..] {
             let parent = self.open.last().map_or(&self.root, |(_, fd)| fd);
-            let fd = if make { make_dir(parent, part)? } else { open_dir(parent, part)? };
+            let fd = if make { make_dir(parent, part)? } else { open_dir(parent, *part)? };
             self.open.push(((*part).to_owned(), fd));
         }
         Ok((self.open.last().map_or(&self.root, |(_, fd)| fd), name))

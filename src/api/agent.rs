@@ -233,7 +233,7 @@ async fn heartbeat(
     }
     for (i, c) in req.copies.iter().enumerate() {
         if let Some(m) = &c.manifest
-            && crate::agent::manifest::Digest::parse(m).is_err()
+            && crate::domain::digest::Digest::parse(m).is_err()
         {
             return Err(ApiError::invalid(
                 format!("copies[{i}].manifest"),

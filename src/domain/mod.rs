@@ -1,6 +1,7 @@
 //! Validated types and pure rules: names, paths, drive and run specs. No I/O.
 
 pub mod copy;
+pub mod digest;
 pub mod drive;
 pub mod field;
 pub mod grant;

@@ -28,7 +28,6 @@ pub mod keep;
 mod parse;
 mod walk;
 
-use std::fmt;
 use std::io::{self, Read};
 use std::ops::Range;
 
@@ -60,33 +59,7 @@ const MAX_DEPTH: usize = 128;
 /// Files are read through a buffer of this size, reused from file to file.
 const BUFFER_BYTES: usize = 1 << 20;
 
-/// The BLAKE3 of a manifest's bytes, written as 64 lowercase hex digits.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Digest(blake3::Hash);
-
-impl Digest {
-    /// A digest as the server hands it on: exactly 64 lowercase hex digits.
-    pub fn parse(hex: &str) -> Result<Digest, String> {
-        parse_hex(hex).map(Digest).ok_or_else(|| format!("{hex:?} is not 64 lowercase hex digits"))
-    }
-
-    fn of(hasher: &blake3::Hasher) -> Digest {
-        Digest(hasher.finalize())
-    }
-}
-
-impl fmt::Display for Digest {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0.to_hex())
-    }
-}
-
-/// 64 lowercase hex digits as a hash; `blake3::Hash::from_hex` alone would take uppercase too,
-/// and then two spellings of one manifest would have different digests.
-fn parse_hex(hex: &str) -> Option<blake3::Hash> {
-    let lower = hex.len() == 64 && hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
-    if lower { blake3::Hash::from_hex(hex).ok() } else { None }
-}
+pub use crate::domain::digest::{Digest, parse_hex};
 
 /// A manifest read and found valid: every path plain and relative, listed once, in order; every
 /// file's chunk count matching its size; the header's totals matching the lines.

@@ -55,10 +55,10 @@ pub struct Beats {
 
 /// A report's copies, order aside: the agent lists them as its disk does.
 pub fn digest(copies: &[CopyReport], reserve_bytes: i64) -> u64 {
-    type Row<'a> = (&'a str, Option<uuid::Uuid>, u64, bool, Option<&'a str>);
+    type Row<'a> = (&'a str, Option<uuid::Uuid>, u64, bool, bool, Option<&'a str>);
     let mut sorted: Vec<Row> = copies
         .iter()
-        .map(|c| (c.drive.as_str(), c.drive_id, c.bytes, c.complete, c.manifest.as_deref()))
+        .map(|c| (c.drive.as_str(), c.drive_id, c.bytes, c.complete, c.measured, c.manifest.as_deref()))
         .collect();
     sorted.sort_unstable();
     let mut h = std::collections::hash_map::DefaultHasher::new();
@@ -171,6 +171,7 @@ mod tests {
             drive_id: None,
             bytes,
             complete,
+            measured: true,
             last_used_at: None,
             manifest: None,
         }

@@ -94,11 +94,20 @@ pub struct CopyReport {
     pub bytes: u64,
     /// Whether `.astralyx-filled` is present.
     pub complete: bool,
+    /// Whether `bytes` count the whole copy: a walk begun after the marker measured them.
+    /// Until then the server counts a complete copy's room by its size hint, so that the
+    /// moments between a fill's end and its measure place nothing in room it takes.
+    #[serde(default = "whole_measured")]
+    pub measured: bool,
     pub last_used_at: Option<DateTime<Utc>>,
     /// The digest (BLAKE3, hex) of the copy's manifest, once the agent has made it: what a peer
     /// receiving the copy checks the manifest it is sent against.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub manifest: Option<String>,
+}
+
+fn whole_measured() -> bool {
+    true
 }
 
 #[derive(Debug, Serialize, Deserialize)]

@@ -354,6 +354,7 @@ async fn an_unchanged_heartbeat_does_not_wait_for_a_pass_holding_its_machine(poo
         ids: vec![None],
         bytes: vec![1],
         complete: vec![true],
+        measured: vec![true],
         manifests: vec![None],
     };
     let other = astraeus::store::machines::beat_if_unchanged(&pool, machine, &usage, &unknown);

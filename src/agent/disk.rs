@@ -27,7 +27,7 @@ use uuid::Uuid;
 
 pub use super::layout::{COPY_ID, MARKER};
 use super::layout::{
-    copy_folders, copy_id, open_dir, open_drives, plain, remove_aside, rename_aside, through,
+    copy_folders, copy_id, has_marker, open_dir, open_drives, plain, remove_aside, rename_aside,
 };
 use super::manifest::{self, Manifests};
 use super::mounts;
@@ -79,6 +79,7 @@ fn copies(dir: &Path, sizes: &Sizes, manifests: &Manifests) -> Vec<CopyReport> {
             drive_id: Some(drive_id),
             bytes,
             complete: false,
+            measured: false,
             last_used_at: None,
             manifest: None,
         };
@@ -93,17 +94,17 @@ fn copies(dir: &Path, sizes: &Sizes, manifests: &Manifests) -> Vec<CopyReport> {
 
 fn copies_on_disk(dir: &Path, sizes: &Sizes, manifests: &Manifests) -> Vec<CopyReport> {
     let Some(drives) = open_drives(dir) else { return vec![] };
-    let root = through(&drives);
     copy_folders(&drives)
         .into_iter()
         .map(|drive| {
-            let marker = root.join(&drive).join(MARKER);
-            let complete = std::fs::symlink_metadata(marker).is_ok_and(|m| m.is_file());
-            let bytes = sizes.get(&drive).unwrap_or(0);
+            let complete = has_marker(&drives, &drive);
+            let size = sizes.size(&drive);
+            let bytes = size.map_or(0, |s| s.bytes);
+            let measured = complete && size.is_some_and(|s| s.whole);
             let drive_id = copy_id(&drives, &drive);
             let manifest = complete.then(|| manifests.digest(&drive, drive_id)).flatten();
             let manifest = manifest.map(|digest| digest.to_string());
-            CopyReport { drive, drive_id, bytes, complete, last_used_at: None, manifest }
+            CopyReport { drive, drive_id, bytes, complete, measured, last_used_at: None, manifest }
         })
         .collect()
 }
@@ -321,18 +322,24 @@ pub(super) mod tests {
         let copy = dir.path().join("drives/default.food101/food101");
         std::fs::create_dir_all(&copy).unwrap();
         std::fs::write(copy.join("a.parquet"), vec![0u8; 1000]).unwrap();
-        let sizes = Sizes::default();
+        let (sizes, mut measurer) = (Sizes::default(), Measurer::default());
         let r = report(dir.path(), &sizes, &Manifests::default());
         assert_eq!(r.copies[0].bytes, 0, "not measured yet");
-        Measurer::default().pass(dir.path(), &sizes, 100);
+        measurer.pass(dir.path(), &sizes, 100);
         let r = report(dir.path(), &sizes, &Manifests::default());
         assert_eq!(r.copies.len(), 1);
         assert_eq!(
             (r.copies[0].drive.as_str(), r.copies[0].bytes, r.copies[0].complete),
             ("default.food101", 1000, false)
         );
+        std::fs::write(copy.join("b.parquet"), vec![0u8; 500]).unwrap();
         std::fs::write(dir.path().join("drives/default.food101").join(MARKER), b"").unwrap();
-        assert!(report(dir.path(), &sizes, &Manifests::default()).copies[0].complete);
+        // Whole, but measured before its last file: the server must not take 1000 bytes for all.
+        let c = &report(dir.path(), &sizes, &Manifests::default()).copies[0];
+        assert_eq!((c.complete, c.bytes, c.measured), (true, 1000, false));
+        measurer.pass(dir.path(), &sizes, 100);
+        let c = &report(dir.path(), &sizes, &Manifests::default()).copies[0];
+        assert_eq!((c.complete, c.bytes, c.measured), (true, 1500, true));
         assert!(r.data_location.total_bytes > 0);
         delete_reported(dir.path(), "default.food101");
         assert!(report(dir.path(), &sizes, &Manifests::default()).copies.is_empty());

@@ -60,12 +60,16 @@ pub(in crate::agent) fn copy_id(drives: &OwnedFd, folder: &str) -> Option<Uuid> 
     Uuid::try_parse(text.trim()).ok()
 }
 
+/// Whether `folder` is whole: its [`MARKER`] is a file, not a link or anything else.
+pub(in crate::agent) fn has_marker(drives: &OwnedFd, folder: &str) -> bool {
+    let Ok(fd) = open_dir(drives, folder) else { return false };
+    rustix::fs::statat(&fd, MARKER, AtFlags::SYMLINK_NOFOLLOW)
+        .is_ok_and(|m| FileType::from_raw_mode(m.st_mode) == FileType::RegularFile)
+}
+
 /// The drive whose complete copy `folder` holds: its marker is a file and it names its drive.
 pub(in crate::agent) fn complete_copy(drives: &OwnedFd, folder: &str) -> Option<Uuid> {
-    let fd = open_dir(drives, folder).ok()?;
-    let marker = rustix::fs::statat(&fd, MARKER, AtFlags::SYMLINK_NOFOLLOW).ok()?;
-    let complete = FileType::from_raw_mode(marker.st_mode) == FileType::RegularFile;
-    complete.then(|| copy_id(drives, folder)).flatten()
+    has_marker(drives, folder).then(|| copy_id(drives, folder)).flatten()
 }
 
 /// The folder `name` beneath `parent`, opened for reading without following a link there: the

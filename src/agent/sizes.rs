@@ -26,16 +26,30 @@ const MAX_DEPTH: usize = 128;
 
 /// The latest size known of each copy, by folder name, shared by the measurer and heartbeats.
 #[derive(Debug, Default)]
-pub struct Sizes(Mutex<HashMap<String, u64>>);
+pub struct Sizes(Mutex<HashMap<String, Size>>);
+
+/// A copy's size as its latest finished walk found it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Size {
+    pub bytes: u64,
+    /// Whether the walk began with the marker there: a fill writes it last, so such a walk
+    /// counted the whole copy. A copy just made whole is counted by its size hint until then.
+    pub whole: bool,
+}
 
 impl Sizes {
     /// The bytes last measured of `folder`; `None` until a walk of it has finished.
     pub fn get(&self, folder: &str) -> Option<u64> {
+        self.size(folder).map(|s| s.bytes)
+    }
+
+    /// What the latest finished walk of `folder` found.
+    pub fn size(&self, folder: &str) -> Option<Size> {
         self.0.lock().expect("not poisoned").get(folder).copied()
     }
 
-    fn set(&self, folder: &str, bytes: u64) {
-        self.0.lock().expect("not poisoned").insert(folder.to_owned(), bytes);
+    fn set(&self, folder: &str, size: Size) {
+        self.0.lock().expect("not poisoned").insert(folder.to_owned(), size);
     }
 
     fn keep_only(&self, folders: &[String]) {
@@ -81,6 +95,17 @@ impl Measurer {
         sizes.keep_only(&present);
         self.turn.retain(|f| present.contains(f));
         self.walks.retain(|f, _| present.contains(f));
+        // Copies never measured go first, then copies made whole since their last walk: until
+        // such a copy is measured whole the server counts it by its size hint.
+        let whole_since: Vec<&String> = present
+            .iter()
+            .filter(|f| self.turn.contains(f) && !self.walks.contains_key(*f))
+            .filter(|f| sizes.size(f).is_some_and(|s| !s.whole) && layout::has_marker(&drives, f))
+            .collect();
+        for folder in whole_since {
+            self.turn.retain(|f| f != folder);
+            self.turn.push_front(folder.clone());
+        }
         let new: Vec<&String> = present.iter().filter(|f| !self.turn.contains(f)).collect();
         for folder in new {
             self.turn.push_front(folder.clone());
@@ -99,7 +124,7 @@ impl Measurer {
                 continue;
             };
             if walk.step(&mut left) {
-                sizes.set(&folder, walk.bytes);
+                sizes.set(&folder, Size { bytes: walk.bytes, whole: walk.whole });
                 self.turn.rotate_left(1);
                 finished += 1;
             } else {
@@ -115,13 +140,15 @@ struct Walk {
     dev: u64,
     stack: Vec<Dir>,
     bytes: u64,
+    whole: bool,
 }
 
 impl Walk {
     fn start(drives: &OwnedFd, folder: &str) -> Option<Walk> {
+        let whole = layout::has_marker(drives, folder);
         let fd = open_dir(drives, folder).ok()?;
         let dev = rustix::fs::fstat(&fd).ok()?.st_dev;
-        Some(Walk { dev, stack: vec![Dir::new(fd).ok()?], bytes: 0 })
+        Some(Walk { dev, stack: vec![Dir::new(fd).ok()?], bytes: 0, whole })
     }
 
     /// Visits entries until `left` is spent or the walk ends; whether it ended.
@@ -226,6 +253,29 @@ mod tests {
         assert_eq!(sizes.get("default.big"), Some(100));
         // Every copy measured in one pass: the pass stops there, however large its budget.
         assert_eq!(m.pass(dir.path(), &sizes, 1_000), Pass { visited: 101, unfinished: false });
+    }
+
+    #[test]
+    fn a_copy_made_whole_since_its_walk_is_measured_again_before_an_unfinished_walk_resumes() {
+        let dir = tempfile::tempdir().unwrap();
+        let small = copy(dir.path(), "default.small");
+        std::fs::write(small.join("a"), b"abc").unwrap();
+        let (sizes, mut m) = (Sizes::default(), Measurer::default());
+        settle(&mut m, dir.path(), &sizes, 10);
+        assert_eq!(sizes.size("default.small"), Some(Size { bytes: 3, whole: false }));
+        let big = copy(dir.path(), "default.big");
+        for i in 0..100 {
+            std::fs::write(big.join(i.to_string()), b"x").unwrap();
+        }
+        assert!(m.pass(dir.path(), &sizes, 50).unfinished, "big's walk is under way, ahead of small");
+
+        // The fill ends: its last file, then the marker. small's three entries come before big's
+        // walk goes on.
+        std::fs::write(small.join("b"), b"defg").unwrap();
+        std::fs::write(small.join(layout::MARKER), b"").unwrap();
+        assert!(m.pass(dir.path(), &sizes, 5).unfinished);
+        assert_eq!(sizes.size("default.small"), Some(Size { bytes: 7, whole: true }));
+        assert_eq!(sizes.get("default.big"), None);
     }
 
     #[test]

@@ -272,6 +272,7 @@ async fn heartbeat(
         ids: req.copies.iter().map(|c| c.drive_id).collect(),
         bytes: req.copies.iter().map(|c| clamp(c.bytes)).collect(),
         complete: req.copies.iter().map(|c| c.complete).collect(),
+        measured: req.copies.iter().map(|c| c.measured).collect(),
         manifests: req.copies.iter().map(|c| c.manifest.clone()).collect(),
     };
     let generation = app.hub.beats.generation(caller.id);
@@ -305,6 +306,8 @@ async fn heartbeat(
             let drives: Vec<Uuid> = copies.completed.iter().map(|(d, _)| *d).collect();
             store::copies::touch_used_pairs(&mut *tx, &vec![caller.id; drives.len()], &drives).await?;
         }
+        hub::request_schedule(&mut *tx).await?;
+    } else if copies.measured {
         hub::request_schedule(&mut *tx).await?;
     }
     let beat = store::machines::heartbeat(&mut *tx, caller.id, &usage)

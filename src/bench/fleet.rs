@@ -256,6 +256,7 @@ impl Fleet {
                 drive_id: *drive_id,
                 bytes: COPY_BYTES,
                 complete: true,
+                measured: true,
                 last_used_at: None,
                 manifest: None,
             })

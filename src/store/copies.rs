@@ -169,7 +169,7 @@ pub async fn on_machines_for_eviction(
     // three-day job that ended an hour ago used its copy an hour ago. Read only for the copies
     // eviction may take, and only when something is evicted.
     sqlx::query_as(&format!(
-        "SELECT c.drive_id, c.machine_id, c.state, c.bytes, c.size_hint, c.evictable,
+        "SELECT c.drive_id, c.machine_id, c.state, {ROOM} AS bytes, c.size_hint, c.evictable,
             CASE WHEN c.evictable AND c.state = 'Complete' THEN GREATEST(c.last_used_at, (
                 SELECT max(w.finished_at) FROM run_mounts rm JOIN workers w ON w.run_id = rm.run_id
                 WHERE rm.drive_id = c.drive_id AND w.machine_id = c.machine_id))
@@ -177,12 +177,18 @@ pub async fn on_machines_for_eviction(
             u.machine_id IS NOT NULL AS in_use
          FROM copies c LEFT JOIN ({}) u ON u.machine_id = c.machine_id AND u.drive_id = c.drive_id
          WHERE c.machine_id = ANY($1)",
-        in_use(" AND w.machine_id = ANY($1)", " AND machine_id = ANY($1)")
+        in_use(" AND w.machine_id = ANY($1)", " AND machine_id = ANY($1)"),
+        ROOM = ROOM,
     ))
     .bind(machines)
     .fetch_all(db)
     .await
 }
+
+/// What evicting a whole copy frees as placement counts room: its bytes, and until it is
+/// measured whole, the rest of its size hint that placement holds for it.
+const ROOM: &str =
+    "CASE WHEN c.state = 'Complete' AND NOT c.measured THEN greatest(c.bytes, c.size_hint) ELSE c.bytes END";
 
 /// The drives that Pending workers mount (through the partial index of Pending workers):
 /// eviction keeps their copies for last.
@@ -214,7 +220,8 @@ pub struct PlacementTotals {
     pub machine_id: Uuid,
     /// What the copies hold.
     pub bytes: i64,
-    /// Room promised to copies being filled and not written yet.
+    /// Room promised to copies being filled and not written yet, and to whole copies not yet
+    /// measured whole.
     pub promised: i64,
     /// What evicting the whole, evictable copies that no live worker mounts would free.
     pub reclaimable: i64,
@@ -233,9 +240,10 @@ pub async fn totals_for_placement(
     let on = |column: &str| machines.map_or(String::new(), |_| format!(" AND {column} = ANY($1)"));
     let sql = format!(
         "SELECT c.machine_id, sum(c.bytes)::bigint AS bytes,
-            COALESCE(sum(greatest(c.size_hint - c.bytes, 0)) FILTER (WHERE c.state = 'Filling'), 0)::bigint
+            COALESCE(sum(greatest(c.size_hint - c.bytes, 0))
+                FILTER (WHERE c.state = 'Filling' OR c.state = 'Complete' AND NOT c.measured), 0)::bigint
                 AS promised,
-            COALESCE(sum(c.bytes) FILTER (WHERE c.evictable AND c.state = 'Complete' AND u.machine_id IS NULL), 0)::bigint
+            COALESCE(sum({ROOM}) FILTER (WHERE c.evictable AND c.state = 'Complete' AND u.machine_id IS NULL), 0)::bigint
                 AS reclaimable,
             (array_agg(c.fill_rate ORDER BY c.bytes_at DESC NULLS LAST) FILTER (WHERE c.fill_rate > 0))[1]
                 AS fill_rate
@@ -243,6 +251,7 @@ pub async fn totals_for_placement(
          GROUP BY c.machine_id",
         in_use(&on("w.machine_id"), &on("machine_id")),
         machines.map_or("", |_| " WHERE c.machine_id = ANY($1)"),
+        ROOM = ROOM,
     );
     match machines {
         None => sqlx::query_as(&sql).fetch_all(db).await,
@@ -394,6 +403,9 @@ pub struct Reconciled {
     pub completed: Vec<(Uuid, i64)>,
     /// Folders under `drives/` to delete: no copy is wanted there, or it is being evicted.
     pub delete: Vec<String>,
+    /// Whether a whole copy was measured whole for the first time: what its size hint held
+    /// back from placement may now be free.
+    pub measured: bool,
 }
 
 /// An agent's report of its copies, a column each, as `unnest` takes them.
@@ -406,6 +418,8 @@ pub struct Reported {
     pub bytes: Vec<i64>,
     /// Whether the marker is there.
     pub complete: Vec<bool>,
+    /// Whether a complete copy's bytes were measured whole.
+    pub measured: Vec<bool>,
     /// The digest of each whole copy's manifest, once made.
     pub manifests: Vec<Option<String>>,
 }
@@ -414,22 +428,24 @@ pub struct Reported {
 pub async fn reconcile(tx: &mut PgConnection, machine: Uuid, r: &Reported) -> sqlx::Result<Reconciled> {
     // Lock the machine's copies and read their states first: a CTE cannot, because rows that
     // the UPDATE below changes are invisible to a FOR UPDATE in the same statement.
-    let before: std::collections::HashMap<Uuid, CopyState> =
-        sqlx::query_as("SELECT drive_id, state FROM copies WHERE machine_id = $1 ORDER BY id FOR UPDATE")
-            .bind(machine)
-            .fetch_all(&mut *tx)
-            .await?
-            .into_iter()
-            .collect();
+    let before: std::collections::HashMap<Uuid, (CopyState, bool)> = sqlx::query_as(
+        "SELECT drive_id, state, measured FROM copies WHERE machine_id = $1 ORDER BY id FOR UPDATE",
+    )
+    .bind(machine)
+    .fetch_all(&mut *tx)
+    .await?
+    .into_iter()
+    .map(|(drive, state, measured)| (drive, (state, measured)))
+    .collect();
     // Map each reported folder `<namespace>.<drive>` to a drive and update its copy: only when
     // the folder was made for that very drive (the id the agent read in it), so a folder left by
     // a drive deleted and made again under the same name is never the new drive's copy, and is
     // named for deletion. The copies the agent no longer has, which no reported folder holds,
     // change in the same statement: evicted ones are gone; whole ones must be filled again.
     let rows: Vec<(String, Option<Uuid>, Option<CopyState>, i64)> = sqlx::query_as(
-        "WITH r AS (SELECT * FROM unnest($2::text[], $3::bigint[], $4::bool[], $5::uuid[], $7::text[])
-                    AS r(folder, bytes, complete, reported_id, manifest)),
-         d AS (SELECT r.folder, r.bytes, r.complete, r.manifest, dr.id AS drive_id FROM r
+        "WITH r AS (SELECT * FROM unnest($2::text[], $3::bigint[], $4::bool[], $5::uuid[], $7::text[], $8::bool[])
+                    AS r(folder, bytes, complete, reported_id, manifest, measured)),
+         d AS (SELECT r.folder, r.bytes, r.complete, r.manifest, r.measured, dr.id AS drive_id FROM r
                LEFT JOIN workspaces s ON s.name = split_part(r.folder, '.', 1)
                LEFT JOIN drives dr ON dr.workspace_id = s.id AND dr.name = substr(r.folder, length(s.name) + 2)
                    AND dr.id = r.reported_id),
@@ -453,7 +469,8 @@ pub async fn reconcile(tx: &mut PgConnection, machine: Uuid, r: &Reported) -> sq
                                  WHEN c.state = 'Complete' THEN 'Filling'
                                  ELSE c.state END,
                     completed_at = CASE WHEN d.complete AND c.state <> 'Complete' THEN now() ELSE c.completed_at END,
-                    manifest = CASE WHEN d.complete AND c.state <> 'Evicting' THEN d.manifest END
+                    manifest = CASE WHEN d.complete AND c.state <> 'Evicting' THEN d.manifest END,
+                    measured = d.measured
                 FROM d WHERE c.machine_id = $1 AND c.drive_id = d.drive_id
                 RETURNING c.drive_id, c.state),
          missing AS (SELECT c.id, c.state FROM copies c
@@ -472,11 +489,20 @@ pub async fn reconcile(tx: &mut PgConnection, machine: Uuid, r: &Reported) -> sq
     .bind(&r.ids)
     .bind(progress::SAMPLE_EVERY_SECONDS as f64)
     .bind(&r.manifests)
+    .bind(&r.measured)
     .fetch_all(&mut *tx)
     .await?;
+    let reported: std::collections::HashMap<&str, bool> =
+        r.folders.iter().map(String::as_str).zip(r.measured.iter().copied()).collect();
     let mut out = Reconciled::default();
     for (folder, drive, state, bytes) in rows {
-        let was_incomplete = drive.and_then(|d| before.get(&d)).is_some_and(|s| *s != CopyState::Complete);
+        let was = drive.and_then(|d| before.get(&d));
+        let was_incomplete = was.is_some_and(|(s, _)| *s != CopyState::Complete);
+        if let (Some((CopyState::Complete, false)), Some(CopyState::Complete)) = (was, state)
+            && reported.get(folder.as_str()) == Some(&true)
+        {
+            out.measured = true;
+        }
         match (drive, state) {
             (Some(d), Some(CopyState::Complete)) if was_incomplete => out.completed.push((d, bytes)),
             (_, None) | (_, Some(CopyState::Evicting)) => out.delete.push(folder),

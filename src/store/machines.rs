@@ -153,9 +153,11 @@ pub async fn beat_if_unchanged(
     // A folder reported with another drive's id (or none) is not the copy of the drive of its
     // name: that differs, and the full reconcile names it for deletion.
     sqlx::query_as(
-        "WITH reported AS (SELECT * FROM unnest($5::text[], $6::bigint[], $7::bool[], $8::uuid[], $10::text[])
-                               AS r(folder, bytes, complete, drive_id, manifest)),
-         known AS (SELECT s.name || '.' || d.name AS folder, c.drive_id, c.bytes, c.state, c.manifest FROM copies c
+        "WITH reported AS (SELECT * FROM unnest($5::text[], $6::bigint[], $7::bool[], $8::uuid[], $10::text[],
+                                               $11::bool[])
+                               AS r(folder, bytes, complete, drive_id, manifest, measured)),
+         known AS (SELECT s.name || '.' || d.name AS folder, c.drive_id, c.bytes, c.state, c.manifest, c.measured
+                   FROM copies c
                    JOIN drives d ON d.id = c.drive_id JOIN workspaces s ON s.id = d.workspace_id
                    WHERE c.machine_id = $1),
          differs AS (
@@ -165,7 +167,8 @@ pub async fn beat_if_unchanged(
                 OR r.folder IS NOT NULL AND (k.state = 'Evicting' OR k.bytes <> r.bytes
                                              OR r.drive_id IS DISTINCT FROM k.drive_id
                                              OR (k.state = 'Complete') <> r.complete
-                                             OR k.state = 'Complete' AND r.manifest IS DISTINCT FROM k.manifest)),
+                                             OR k.state = 'Complete' AND (r.manifest IS DISTINCT FROM k.manifest
+                                                                          OR r.measured <> k.measured))),
          free AS (SELECT id FROM machines WHERE id = $1 AND state = 'Ready' AND NOT EXISTS (SELECT 1 FROM differs)
                   FOR NO KEY UPDATE SKIP LOCKED),
          written AS (
@@ -186,6 +189,7 @@ pub async fn beat_if_unchanged(
     .bind(&r.ids)
     .bind(usage.reserve_bytes)
     .bind(&r.manifests)
+    .bind(&r.measured)
     .fetch_optional(db)
     .await
 }

@@ -148,3 +148,41 @@ async fn a_copys_fill_rate_is_kept_from_its_heartbeats_once_it_is_whole(db: sqlx
     beat(&app, &credential, drive, 6 * GB, true).await;
     assert_eq!(rate().await, Some(25_000_000));
 }
+
+#[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
+async fn a_copy_just_made_whole_keeps_its_size_hints_room_until_it_is_measured_whole(db: sqlx::PgPool) {
+    let app = spawn_app(db).await;
+    let credential = app.join_with_room("gpu-01", 4).await;
+    sqlx::query("UPDATE machines SET data_limit_bytes = 10e9").execute(&app.db).await.unwrap();
+    let (food101, _) = app.recipe_drive_with_copy_on("gpu-01").await;
+    // Kept, so that room comes from nowhere else.
+    sqlx::query("UPDATE copies SET evictable = false").execute(&app.db).await.unwrap();
+    let mut other = recipe_drive();
+    other["metadata"]["name"] = json!("food102");
+    assert_eq!(app.create_drive(&other).await.status, 201);
+    let mut run = recipe_run();
+    run["metadata"]["name"] = json!("inspect-food102");
+    run["spec"]["task_template"]["datavolume_refs"][0]["name"] = json!("food102");
+    assert_eq!(app.create_run(&run).await.status, 201);
+    let whole = async |bytes: u64, measured: bool| {
+        let copy = json!({
+            "drive": "default.food101", "drive_id": food101, "bytes": bytes, "complete": true,
+            "measured": measured, "last_used_at": null,
+        });
+        let reply = app.heartbeat(&credential, 100 * GB, bytes, vec![copy], json!({})).await;
+        assert_eq!(reply.status, 200, "{}", reply.text);
+        astraeus::scheduler::tick(&app.db).await.unwrap();
+        app.get("/workers/inspect-food102-0").await.json()
+    };
+
+    // The marker is there, but the copy's last walk began before it and found 1 GB: the copy
+    // counts its 6 GB hint, so 10 GB - 6 GB leaves 4 GB, not the 9 GB its bytes would.
+    let worker = whole(GB, false).await;
+    assert_eq!(worker["status"]["state"], "Pending", "{worker}");
+    let reason = worker["status"]["reason"].as_str().unwrap();
+    assert!(reason.contains("needs 6.0 GB at this machine's data location, 4.0 GB free"), "{reason}");
+
+    // Measured whole at 3 GB, below its hint: 7 GB free, and the worker is placed.
+    let worker = whole(3 * GB, true).await;
+    assert_eq!(worker["status"]["machine"], "gpu-01", "{worker}");
+}

@@ -7,8 +7,8 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use cluster::{
-    Api, Cluster, FOOD101_FILL, REFILL_AFTER_SECONDS, eventually, food101, json, open_tempdir, pinned,
-    placed_drive, run_mounting,
+    Api, BLOB_FILL, Cluster, FOOD101_FILL, REFILL_AFTER_SECONDS, eventually, food101, json, open_tempdir,
+    pinned, placed_drive, run_mounting,
 };
 use reqwest::StatusCode;
 use sqlx::PgPool;
@@ -18,15 +18,6 @@ const WAITING_ON_GPU01: &str = "Waiting for drive default.food101 to be filled o
 /// Waits in a fill until the test creates `/drive/gate` in the copy, then writes the marker.
 const GATED_MARKER: &str = "i=0; while [ ! -e /drive/gate ]; do i=$((i+1)); [ $i -lt 1200 ] || exit 3; sleep 0.1; done; \
     rm /drive/gate; touch /drive/.astralyx-filled";
-
-/// A fill that writes one blob of 100 kB, then the marker (which is empty).
-const BLOB_FILL: &str = "set -e; head -c 100000 /dev/urandom > /drive/blob; touch /drive/.astralyx-filled";
-
-/// The events about `object` (`drive/NAME`, `machine/NAME`) with `reason`, oldest first.
-async fn events_with(api: &Api, object: &str, reason: &str) -> Vec<serde_json::Value> {
-    let events = api.get(&format!("/events?object={object}")).await.expect(StatusCode::OK);
-    events["items"].as_array().unwrap().iter().filter(|e| e["reason"] == reason).cloned().collect()
-}
 
 /// `sleep 300`, pinned to `machine`, holding `cpu_cores` and mounting nothing.
 fn busy(name: &str, machine: &str, cpu_cores: f64) -> serde_json::Value {
@@ -462,7 +453,7 @@ async fn room_for_a_new_copy_keeps_the_copy_a_queued_worker_mounts(pool: PgPool)
     }
     // The eviction is told on the drive and on the machine.
     for object in ["drive/other", "machine/gpu-01"] {
-        let evicted = events_with(&api, object, "Evicted").await;
+        let evicted = api.events_with(object, "Evicted").await;
         assert_eq!(evicted.len(), 1, "{object}: {evicted:?}");
     }
     api.delete_run("later").await;
@@ -499,7 +490,7 @@ async fn a_run_that_waits_for_cores_has_its_drive_filled_ahead_and_starts_warm_w
         if copies == [(json!("gpu-01"), json!(true))] { Ok(()) } else { Err(drive.to_string()) }
     })
     .await;
-    let staged = events_with(&api, "drive/set", "StagedIn").await;
+    let staged = api.events_with("drive/set", "StagedIn").await;
     assert_eq!(staged.len(), 1, "{staged:?}");
     assert_eq!(staged[0]["message"], "copy on gpu-01 filled ahead for a queued run that waits for resources");
     assert_eq!(api.worker("train-0").await["status"]["state"], "Pending");
@@ -826,117 +817,5 @@ async fn a_data_location_over_its_limit_evicts_its_least_recently_used_copy(pool
         Some(json!(format!("1 copies evicted: {why}"))),
         "{events}"
     );
-    cluster.stop().await;
-}
-
-/// The manifest digest of `machine`'s copy of `drive`, once its agent reports one.
-async fn manifest_of(api: &Api, machine: &str, drive: &str) -> String {
-    eventually(&format!("the copy of {drive} on {machine} has its manifest"), || async move {
-        let m = api.machine(machine).await;
-        let copy = m["copies"].as_array().unwrap().iter().find(|c| c["drive"] == drive).cloned();
-        match copy.as_ref().and_then(|c| c["manifest"].as_str()) {
-            Some(digest) => Ok(digest.to_owned()),
-            None => Err(format!("{copy:?}")),
-        }
-    })
-    .await
-}
-
-#[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
-async fn a_copy_held_whole_by_a_peer_is_pulled_from_it_and_one_that_differs_is_filled_from_the_origin(
-    pool: PgPool,
-) {
-    let mut cluster = Cluster::start(&pool).await;
-    for name in ["gpu-01", "gpu-02", "gpu-03"] {
-        cluster.add_peer_machine(name).await;
-    }
-    let api = cluster.api.clone();
-    api.create_drive(&placed_drive("blobs", 1_000_000, true, BLOB_FILL, 0.5)).await;
-    api.create_run(&pinned(run_mounting("first", "true", &["blobs"], 0.5), "gpu-01")).await;
-    api.wait_completed("first").await;
-    let digest = manifest_of(&api, "gpu-01", "blobs").await;
-
-    // gpu-02 pulls its copy from gpu-01: the same bytes, the same manifest, no container.
-    api.create_run(&pinned(
-        run_mounting("second", "cmp -s /data/blob /data/blob", &["blobs"], 0.5),
-        "gpu-02",
-    ))
-    .await;
-    api.wait_completed("second").await;
-    let started = events_with(&api, "drive/blobs", "FillStarted").await;
-    assert!(
-        started
-            .iter()
-            .any(|e| e["message"] == "fill run fill-blobs-gpu-02 started on gpu-02 from peer gpu-01"),
-        "{started:?}"
-    );
-    let blob =
-        |machine: &str| std::fs::read(cluster.machine(machine).data.path().join("drives/default.blobs/blob"));
-    assert_eq!(blob("gpu-02").unwrap(), blob("gpu-01").unwrap());
-    assert_eq!(manifest_of(&api, "gpu-02", "blobs").await, digest);
-    let copies = api.drive("blobs").await["copies"].clone();
-    let source =
-        |node: &str| copies.as_array().unwrap().iter().find(|c| c["node"] == node).unwrap()["source"].clone();
-    assert_eq!((source("gpu-01"), source("gpu-02")), (json!("fill"), json!("peer gpu-01")), "{copies}");
-
-    // A byte of gpu-01's copy changes after its manifest was made: gpu-03's pull from it (the
-    // least busy holder, before gpu-02) catches the file, and the fill goes to the origin.
-    let path = cluster.machine("gpu-01").data.path().join("drives/default.blobs/blob");
-    let mut bytes = std::fs::read(&path).unwrap();
-    bytes[0] ^= 0xff;
-    std::fs::write(&path, bytes).unwrap();
-    api.create_run(&pinned(run_mounting("third", "true", &["blobs"], 0.5), "gpu-03")).await;
-    api.wait_completed("third").await;
-    let failed = events_with(&api, "drive/blobs", "PeerFillFailed").await;
-    assert_eq!(failed.len(), 1, "{failed:?}");
-    let message = failed[0]["message"].as_str().unwrap();
-    assert!(
-        message.contains(
-            "peer copy of default.blobs differs from its manifest at blob; filling from the origin"
-        ),
-        "{message}"
-    );
-    let copies = api.drive("blobs").await["copies"].clone();
-    let gpu03 = copies.as_array().unwrap().iter().find(|c| c["node"] == "gpu-03").unwrap().clone();
-    assert_eq!((&gpu03["state"], &gpu03["source"]), (&json!("Complete"), &json!("fill")), "{copies}");
-    assert_eq!(
-        cluster.worker_names("fill-blobs-gpu-03").await,
-        ["fill-blobs-gpu-03-0", "fill-blobs-gpu-03-1"]
-    );
-    cluster.stop().await;
-}
-
-#[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
-async fn machines_that_need_a_drive_at_once_pull_it_from_peers_and_read_the_origin_once(pool: PgPool) {
-    let mut cluster = Cluster::start(&pool).await;
-    let names = ["gpu-01", "gpu-02", "gpu-03", "gpu-04", "gpu-05", "gpu-06"];
-    for name in names {
-        cluster.add_peer_machine(name).await;
-    }
-    let api = cluster.api.clone();
-    api.create_drive(&placed_drive("blobs", 1_000_000, true, BLOB_FILL, 0.5)).await;
-    api.create_run(&pinned(run_mounting("first", "true", &["blobs"], 0.5), "gpu-01")).await;
-    api.wait_completed("first").await;
-    manifest_of(&api, "gpu-01", "blobs").await;
-
-    // Five workers, one a machine (each takes both cores), on the five others at once: each
-    // holder serves two at a time (controllers::fill::peers), and the others wait for a slot
-    // or a new holder rather than read the origin.
-    let mut wide = run_mounting("wide", "true", &["blobs"], 2.0);
-    wide["spec"]["replicas"] = json!(5);
-    wide["spec"]["task_template"]["requested_resources"]["node_selection"] =
-        json!({"mode": "Exact", "names": &names[1..]});
-    api.create_run(&wide).await;
-    api.wait_completed("wide").await;
-    let started = events_with(&api, "drive/blobs", "FillStarted").await;
-    let from_origin: Vec<_> =
-        started.iter().filter(|e| !e["message"].as_str().unwrap().contains("from peer")).collect();
-    assert_eq!((started.len(), from_origin.len()), (6, 1), "{started:?}");
-    let copies = api.drive("blobs").await["copies"].clone();
-    let copies = copies.as_array().unwrap();
-    assert_eq!(copies.len(), 6);
-    for c in copies.iter().filter(|c| c["node"] != "gpu-01") {
-        assert!(c["source"].as_str().unwrap().starts_with("peer gpu-0"), "{c}");
-    }
     cluster.stop().await;
 }

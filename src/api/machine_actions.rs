@@ -155,6 +155,8 @@ pub async fn delete(
     let mut tx = app.db.begin().await?;
     let reason = format!("machine {} was deleted by an organisation admin", m.name);
     let failed = liveness::fail_workers_on(&mut tx, m.id, &reason).await?;
+    let why = format!("its peer {} was deleted by an organisation admin", m.name);
+    liveness::fail_pulls_from(&mut tx, m.id, &why).await?;
     // Ends its agent's long-poll on commit: it asks again, is refused, and stops its containers.
     store::machines::touch_assignments(&mut *tx, &[m.id]).await?;
     if !store::machines::delete(&mut tx, m.id).await? {

@@ -59,9 +59,26 @@ pub async fn fail_workers_on(
     machine: Uuid,
     reason: &str,
 ) -> sqlx::Result<usize> {
+    let workers = store::workers::live_on_machine(&mut *tx, machine).await?;
+    fail(tx, &workers, reason).await
+}
+
+/// Fails the fills that pull from `holder`'s copies, which is going away: each is filled from
+/// the origin at once (see `controllers::fill`), not once its retries find nobody. Their
+/// machines are told at once, and stop their pulls.
+pub async fn fail_pulls_from(tx: &mut sqlx::PgConnection, holder: Uuid, reason: &str) -> sqlx::Result<usize> {
+    let pulls = store::workers::live_pulling_from(&mut *tx, holder).await?;
+    let workers: Vec<Uuid> = pulls.iter().map(|(w, _)| *w).collect();
+    let failed = fail(tx, &workers, reason).await?;
+    let machines: Vec<Uuid> = pulls.iter().filter_map(|(_, m)| *m).collect();
+    store::machines::touch_assignments(&mut *tx, &machines).await?;
+    Ok(failed)
+}
+
+async fn fail(tx: &mut sqlx::PgConnection, workers: &[Uuid], reason: &str) -> sqlx::Result<usize> {
     let mut failed = 0;
     // Runs, then workers, then the machine: the order every transaction locks in.
-    for worker in store::workers::live_on_machine(&mut *tx, machine).await? {
+    for &worker in workers {
         let Some(run) = store::workers::lock_run_of(&mut *tx, worker).await? else { continue };
         if store::workers::finish(&mut *tx, worker, None, WorkerState::Failed, reason, None).await?.is_some()
         {

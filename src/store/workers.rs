@@ -447,6 +447,20 @@ pub async fn live_on_machine(db: impl PgExecutor<'_>, machine: Uuid) -> sqlx::Re
     .await
 }
 
+/// The workers not yet ended of fills that pull from `holder`'s copies, with their machines.
+pub async fn live_pulling_from(
+    db: impl PgExecutor<'_>,
+    holder: Uuid,
+) -> sqlx::Result<Vec<(Uuid, Option<Uuid>)>> {
+    sqlx::query_as(
+        "SELECT w.id, w.machine_id FROM workers w JOIN runs r ON r.id = w.run_id
+         WHERE r.fill_peer_machine_id = $1 AND w.state NOT IN ('Completed', 'Failed')",
+    )
+    .bind(holder)
+    .fetch_all(db)
+    .await
+}
+
 /// Recomputes a run's state and reason from its workers. A run that becomes Completed, or stops
 /// being so, has its mounts marked by the `runs_completed` trigger (see `store::rules`).
 pub async fn refresh_run(tx: &mut PgConnection, run: Uuid) -> sqlx::Result<()> {

@@ -195,31 +195,35 @@ async fn a_clusters_limit_on_fills_from_the_origin_holds_the_others_back(db: sql
 }
 
 #[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
-async fn a_fill_whose_peer_is_deleted_mid_pull_is_filled_from_the_origin_when_the_pull_fails(
-    db: sqlx::PgPool,
-) {
+async fn a_fill_whose_peer_is_deleted_mid_pull_is_filled_from_the_origin_at_once(db: sqlx::PgPool) {
     let (app, _, gpu02, _, _) = holder_and_reader(db).await;
     assert_eq!(astraeus::scheduler::tick(&app.db).await.unwrap(), 1);
     fill_tick(&app).await;
     assert_eq!(astraeus::scheduler::tick(&app.db).await.unwrap(), 1);
     let fill = app.get("/workers/fill-food101-gpu-02-0").await.json();
     let uid = fill["metadata"]["uid"].as_str().unwrap().to_owned();
-
-    // The holder is deleted while the copy is being pulled; the copy still says where it was
-    // coming from, and the pull, cut off, fails.
-    let admin = app.token_for("default", Role::Admin, true).await;
-    assert_eq!(app.request(Method::DELETE, "/machines/gpu-01", Some(&admin), None).await.status, 204);
-    let copies = app.get_drive("food101").await.json()["copies"].clone();
-    assert_eq!(copies[0]["source"], "peer", "{copies}");
     let running = json!({"state": "Running", "exit_code": null});
     agent(&app, &gpu02, Method::POST, &format!("/workers/{uid}/status"), Some(running)).await;
-    let why = "cannot reach the peer at http://10.0.0.1:7070: connection refused";
-    let failed = json!({"state": "Failed", "exit_code": null, "reason": why});
-    assert_eq!(
-        agent(&app, &gpu02, Method::POST, &format!("/workers/{uid}/status"), Some(failed)).await.status,
-        200
-    );
+
+    // The holder is deleted while the copy is being pulled: the pull fails at once, saying why,
+    // rather than once its retries find nobody; the copy still says where it was coming from.
+    let admin = app.token_for("default", Role::Admin, true).await;
+    assert_eq!(app.request(Method::DELETE, "/machines/gpu-01", Some(&admin), None).await.status, 204);
+    let fill = app.get("/workers/fill-food101-gpu-02-0").await.json();
+    assert_eq!(fill["status"]["state"], "Failed", "{fill}");
+    assert_eq!(fill["status"]["reason"], "its peer gpu-01 was deleted by an organisation admin", "{fill}");
+    let copies = app.get_drive("food101").await.json()["copies"].clone();
+    assert_eq!(copies[0]["source"], "peer", "{copies}");
     fill_tick(&app).await;
+    let events = app.get("/events?object=drive/food101").await.json();
+    let failed: Vec<&Value> =
+        events["items"].as_array().unwrap().iter().filter(|e| e["reason"] == "PeerFillFailed").collect();
+    assert_eq!(failed.len(), 1, "{events}");
+    assert_eq!(
+        failed[0]["message"],
+        "the fill on gpu-02 from a peer failed: its peer gpu-01 was deleted by an organisation admin; \
+         filling from the origin"
+    );
     assert_eq!(app.get("/workers/fill-food101-gpu-02-1").await.status, 200, "the template runs");
     let copies = app.get_drive("food101").await.json()["copies"].clone();
     assert_eq!((&copies[0]["state"], &copies[0]["source"]), (&json!("Filling"), &json!("fill")), "{copies}");

@@ -180,6 +180,12 @@ impl Api {
         self.get(&format!("/machines/{name}")).await.expect(StatusCode::OK)
     }
 
+    /// The events about `object` (`drive/NAME`, `worker/NAME`) with `reason`, oldest first.
+    pub async fn events_with(&self, object: &str, reason: &str) -> Vec<Value> {
+        let events = self.get(&format!("/events?object={object}")).await.expect(StatusCode::OK);
+        events["items"].as_array().unwrap().iter().filter(|e| e["reason"] == reason).cloned().collect()
+    }
+
     /// Machines → machine → Data location → Confirm, with an optional limit.
     pub async fn confirm_data_location(&self, machine: &str, path: &Path, limit_bytes: Option<i64>) -> Value {
         let body = json!({"path": path, "limit_bytes": limit_bytes});
@@ -262,6 +268,7 @@ pub struct Machine {
     pub name: String,
     /// The data location it proposed (and the tests confirm).
     pub data: TempDir,
+    config: agent::Config,
     stop: CancellationToken,
     task: JoinHandle<()>,
 }
@@ -279,6 +286,28 @@ impl Machine {
     /// `<data location>/drives/<folder>`: where the agent keeps a copy.
     pub fn copy_dir(&self, folder: &str) -> PathBuf {
         self.data.path().join("drives").join(folder)
+    }
+
+    /// The credential the agent keeps, as it calls the agent API with it.
+    pub fn credential(&self) -> String {
+        let kept = std::fs::read_to_string(self.data.path().join(".agent/credential")).unwrap();
+        serde_json::from_str::<Value>(&kept).unwrap()["credential"].as_str().unwrap().to_owned()
+    }
+
+    /// Stops the agent as a crash would leave it: its files stay, its server is gone.
+    pub async fn kill(&mut self) {
+        self.stop.cancel();
+        self.task.abort();
+        if !self.task.is_finished() {
+            let _ = (&mut self.task).await;
+        }
+    }
+
+    /// Stops the agent and starts it again on the same data location, as a restart does.
+    pub async fn restart(&mut self, parent: &CancellationToken) {
+        self.kill().await;
+        self.stop = parent.child_token();
+        self.task = spawn_agent(&self.name, self.config.clone(), self.stop.clone());
     }
 
     /// Lets a gated fill finish (`GATED_MARKER`), once its container has made its copy.
@@ -375,7 +404,12 @@ impl Cluster {
     /// A machine that joined with a confirmed data location and serves its copies to peers on
     /// a port of 127.0.0.1, once the server knows the port.
     pub async fn add_peer_machine(&mut self, name: &str) -> &Machine {
-        let peers = agent::PeerConfig { listen: Some("127.0.0.1:0".parse().unwrap()), ..Default::default() };
+        self.add_peer_machine_with(name, agent::PeerConfig::default()).await
+    }
+
+    /// A peer machine (see [`Cluster::add_peer_machine`]) with the limits of `peers`.
+    pub async fn add_peer_machine_with(&mut self, name: &str, peers: agent::PeerConfig) -> &Machine {
+        let peers = agent::PeerConfig { listen: Some("127.0.0.1:0".parse().unwrap()), ..peers };
         self.add_machine_configured(name, 2.0, MACHINE_MEMORY, peers).await;
         self.confirm(name, None).await;
         let db = &self.db;
@@ -420,14 +454,7 @@ impl Cluster {
             peers,
         };
         let stop = self.stop.child_token();
-        let task = tokio::spawn({
-            let (stop, name) = (stop.clone(), name.to_owned());
-            async move {
-                if let Err(e) = agent::run(config, stop).await {
-                    panic!("agent {name} stopped: {e:#}");
-                }
-            }
-        });
+        let task = spawn_agent(name, config.clone(), stop.clone());
         let db = &self.db;
         eventually(&format!("machine {name} joins"), || async move {
             match store::machines::by_name(db, None, name).await.unwrap().is_empty() {
@@ -436,7 +463,7 @@ impl Cluster {
             }
         })
         .await;
-        self.machines.push(Machine { name: name.to_owned(), data, stop, task });
+        self.machines.push(Machine { name: name.to_owned(), data, config, stop, task });
         self.machines.last().unwrap()
     }
 
@@ -449,6 +476,21 @@ impl Cluster {
 
     pub fn machine(&self, name: &str) -> &Machine {
         self.machines.iter().find(|m| m.name == name).unwrap_or_else(|| panic!("no machine {name}"))
+    }
+
+    /// Restarts the agent of `name` (see [`Machine::restart`]).
+    pub async fn restart(&mut self, name: &str) {
+        let parent = self.stop.clone();
+        let m =
+            self.machines.iter_mut().find(|m| m.name == name).unwrap_or_else(|| panic!("no machine {name}"));
+        m.restart(&parent).await;
+    }
+
+    /// Stops the agent of `name` as a crash would (see [`Machine::kill`]).
+    pub async fn kill(&mut self, name: &str) {
+        let m =
+            self.machines.iter_mut().find(|m| m.name == name).unwrap_or_else(|| panic!("no machine {name}"));
+        m.kill().await;
     }
 
     /// Confirms the data location the machine proposed, with `limit_bytes`. Work may be placed
@@ -499,7 +541,10 @@ impl Cluster {
         self.stop.cancel();
         for mut m in self.machines.drain(..) {
             m.stop.cancel();
-            let _ = tokio::time::timeout(Duration::from_secs(10), &mut m.task).await;
+            // A killed agent's task has ended already, and may not be awaited again.
+            if !m.task.is_finished() {
+                let _ = tokio::time::timeout(Duration::from_secs(10), &mut m.task).await;
+            }
         }
         for r in self.replicas.drain(..) {
             for t in r.tasks {
@@ -522,6 +567,16 @@ impl Drop for Cluster {
     }
 }
 
+/// Runs the agent `name` until `stop`; an agent that stops on an error fails the test.
+fn spawn_agent(name: &str, config: agent::Config, stop: CancellationToken) -> JoinHandle<()> {
+    let name = name.to_owned();
+    tokio::spawn(async move {
+        if let Err(e) = agent::run(config, stop).await {
+            panic!("agent {name} stopped: {e:#}");
+        }
+    })
+}
+
 fn http() -> reqwest::Client {
     reqwest::Client::builder().timeout(Duration::from_secs(30)).build().unwrap()
 }
@@ -538,6 +593,10 @@ fn init_tracing() {
 pub const FOOD101_FILL: &str = "set -e; mkdir -p /drive/food101/data; \
     for i in 0 1 2; do head -c 100000 /dev/urandom > /drive/food101/data/train-0000$i-of-00008.parquet; done; \
     echo /drive/food101; touch /drive/.astralyx-filled";
+
+/// A fill that writes one blob of 100 kB, then the marker (which is empty).
+pub const BLOB_FILL: &str =
+    "set -e; head -c 100000 /dev/urandom > /drive/blob; touch /drive/.astralyx-filled";
 
 /// A drive kept on each machine (`node_scope: placed`, mounted read-only at /data), filled by
 /// `sh -c fill` with `cpu_cores` and 256 MiB.

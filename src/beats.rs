@@ -21,7 +21,7 @@ use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use crate::protocol::CopyReport;
+use crate::protocol::{CopyReport, LostFiles};
 use crate::store::{self, machines::Usage};
 
 /// A last resort: a missed notification is noticed (the listener forgets everything when its
@@ -55,10 +55,13 @@ pub struct Beats {
 
 /// A report's copies, order aside: the agent lists them as its disk does.
 pub fn digest(copies: &[CopyReport], reserve_bytes: i64) -> u64 {
-    type Row<'a> = (&'a str, Option<uuid::Uuid>, u64, bool, bool, Option<&'a str>);
+    type Row<'a> = (&'a str, Option<uuid::Uuid>, u64, bool, bool, Option<&'a str>, Option<&'a LostFiles>);
     let mut sorted: Vec<Row> = copies
         .iter()
-        .map(|c| (c.drive.as_str(), c.drive_id, c.bytes, c.complete, c.measured, c.manifest.as_deref()))
+        .map(|c| {
+            let manifest = c.manifest.as_deref();
+            (c.drive.as_str(), c.drive_id, c.bytes, c.complete, c.measured, manifest, c.lost.as_ref())
+        })
         .collect();
     sorted.sort_unstable();
     let mut h = std::collections::hash_map::DefaultHasher::new();
@@ -174,6 +177,7 @@ mod tests {
             measured: true,
             last_used_at: None,
             manifest: None,
+            lost: None,
         }
     }
 

@@ -104,7 +104,13 @@ pub struct CopyReport {
     /// receiving the copy checks the manifest it is sent against.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub manifest: Option<String>,
+    /// What a copy that was whole lost since its manifest was made: such a copy is reported
+    /// not complete, its marker notwithstanding, and is filled again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lost: Option<LostFiles>,
 }
+
+pub use crate::domain::copy::LostFiles;
 
 fn whole_measured() -> bool {
     true

@@ -355,6 +355,7 @@ async fn an_unchanged_heartbeat_does_not_wait_for_a_pass_holding_its_machine(poo
         bytes: vec![1],
         complete: vec![true],
         measured: vec![true],
+        lost: vec![None],
         manifests: vec![None],
     };
     let other = astraeus::store::machines::beat_if_unchanged(&pool, machine, &usage, &unknown);

@@ -183,6 +183,45 @@ async fn a_whole_copy_whose_folder_is_gone_is_filled_again_for_the_next_reader(p
 }
 
 #[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
+async fn a_whole_copy_that_loses_a_file_says_which_and_is_filled_again_for_the_next_reader(pool: PgPool) {
+    let mut cluster = Cluster::start(&pool).await;
+    cluster.add_ready_machine("gpu-01").await;
+    let api = cluster.api.clone();
+    api.create_drive(&food101()).await;
+    api.create_run(&run_mounting("reader", "true", &["food101"], 1.0)).await;
+    api.wait_completed("reader").await;
+    eventually("the copy has its manifest", || async {
+        let copy = api.drive("food101").await["copies"][0].clone();
+        if copy["manifest"].is_string() { Ok(()) } else { Err(copy.to_string()) }
+    })
+    .await;
+
+    // One of its three files goes, beneath the agent: the copy is whole no more, and says which.
+    let gone = "food101/data/train-00001-of-00008.parquet";
+    std::fs::remove_file(cluster.machine("gpu-01").copy_dir("default.food101").join(gone)).unwrap();
+    let copy = eventually("the copy says what it lost", || async {
+        let copy = api.drive("food101").await["copies"][0].clone();
+        if copy["state"] == "Filling" { Ok(copy) } else { Err(copy.to_string()) }
+    })
+    .await;
+    assert_eq!(copy["lost_files"], json!({"count": 1, "named": [gone]}), "{copy}");
+    let lost = api.events_with("drive/food101", "FilesLost").await;
+    assert_eq!(lost.len(), 1, "{lost:?}");
+
+    // The next reader waits for the fill to write it again, and reads all three.
+    api.create_run(&run_mounting("reader-again", "ls /data/food101/data", &["food101"], 1.0)).await;
+    api.wait_completed("reader-again").await;
+    assert_eq!(api.logs("reader-again-0").await.lines().filter(|l| l.ends_with(".parquet")).count(), 3);
+    assert_eq!(
+        cluster.worker_names("fill-food101-gpu-01").await,
+        ["fill-food101-gpu-01-0", "fill-food101-gpu-01-1"]
+    );
+    let copy = api.drive("food101").await["copies"][0].clone();
+    assert_eq!((&copy["state"], copy.get("lost_files")), (&json!("Complete"), None), "{copy}");
+    cluster.stop().await;
+}
+
+#[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
 async fn a_failed_fill_stays_failed_until_its_run_is_deleted_then_it_is_made_again(pool: PgPool) {
     let mut cluster = Cluster::start(&pool).await;
     cluster.add_ready_machine("gpu-01").await;

@@ -82,6 +82,7 @@ fn copies(dir: &Path, sizes: &Sizes, manifests: &Manifests) -> Vec<CopyReport> {
             measured: false,
             last_used_at: None,
             manifest: None,
+            lost: None,
         };
         match copies.iter_mut().find(|c| c.drive == drive) {
             Some(c) if !c.complete => *c = pulled,
@@ -97,14 +98,17 @@ fn copies_on_disk(dir: &Path, sizes: &Sizes, manifests: &Manifests) -> Vec<CopyR
     copy_folders(&drives)
         .into_iter()
         .map(|drive| {
-            let complete = has_marker(&drives, &drive);
             let size = sizes.size(&drive);
             let bytes = size.map_or(0, |s| s.bytes);
-            let measured = complete && size.is_some_and(|s| s.whole);
             let drive_id = copy_id(&drives, &drive);
+            let marked = has_marker(&drives, &drive);
+            // A copy that lost files is whole no more, whatever its marker says.
+            let lost = marked.then(|| manifests.lost(&drive, drive_id)).flatten();
+            let complete = marked && lost.is_none();
+            let measured = complete && size.is_some_and(|s| s.whole);
             let manifest = complete.then(|| manifests.digest(&drive, drive_id)).flatten();
             let manifest = manifest.map(|digest| digest.to_string());
-            CopyReport { drive, drive_id, bytes, complete, measured, last_used_at: None, manifest }
+            CopyReport { drive, drive_id, bytes, complete, measured, last_used_at: None, manifest, lost }
         })
         .collect()
 }
@@ -163,6 +167,16 @@ pub fn fill_folder(dir: &Path, folder: &str, drive: Uuid, owner: u32) -> Result<
         remove_aside(&drives, &aside);
     }
     Ok(dir.join("drives").join(folder))
+}
+
+/// Removes the [`MARKER`] of the copy in `folder`, if it has one.
+pub fn unmark(dir: &Path, folder: &str) -> Result<(), String> {
+    let drives = open_drives(dir).ok_or("cannot open drives/")?;
+    let fd = open_dir(&drives, folder).map_err(|e| format!("cannot open {folder}: {e}"))?;
+    match rustix::fs::unlinkat(&fd, MARKER, AtFlags::empty()) {
+        Ok(()) | Err(rustix::io::Errno::NOENT) => Ok(()),
+        Err(e) => Err(format!("cannot remove {MARKER} from {folder}: {e}")),
+    }
 }
 
 /// Makes the folder with its [`COPY_ID`]. The fill could replace the file, but only to point

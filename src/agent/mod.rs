@@ -228,8 +228,13 @@ pub async fn run(config: Config, stop: CancellationToken) -> anyhow::Result<()> 
     let sizes = Arc::new(sizes::Sizes::default());
     let manifests = Arc::new(manifest::Manifests::default());
     let measurer = tokio::spawn(measure_loop(config.clone(), shared.clone(), sizes.clone(), stop.clone()));
-    let manifester =
-        tokio::spawn(manifest_loop(config.clone(), shared.clone(), manifests.clone(), stop.clone()));
+    let manifester = tokio::spawn(manifest_loop(
+        config.clone(),
+        shared.clone(),
+        manifests.clone(),
+        sizes.clone(),
+        stop.clone(),
+    ));
     let heartbeat = tokio::spawn(heartbeat_loop(
         client.clone(),
         config.clone(),
@@ -344,11 +349,14 @@ async fn manifest_loop(
     config: Config,
     shared: Arc<Shared>,
     manifests: Arc<manifest::Manifests>,
+    sizes: Arc<sizes::Sizes>,
     stop: CancellationToken,
 ) {
     loop {
         let (dir, kept, halt) = (location(&config, &shared), manifests.clone(), stop.clone());
-        let pass = tokio::task::spawn_blocking(move || manifest::keep::pass(&kept, &dir, &halt)).await;
+        let measured = sizes.clone();
+        let pass =
+            tokio::task::spawn_blocking(move || manifest::keep::pass(&kept, &dir, &measured, &halt)).await;
         let Ok(more) = pass else { return };
         let pause = if more { Duration::from_millis(50) } else { config.heartbeat_interval };
         tokio::select! {

@@ -240,8 +240,14 @@ fn binds(
                 MountSource::Copy { folder, drive_id } => {
                     let dir = data_location.ok_or("this machine has no confirmed data location")?;
                     let root = if !m.read_only && m.sub_path.is_empty() {
-                        // A fill writes into a folder made for this very drive, never an old one.
-                        disk::fill_folder(dir, folder, *drive_id, id_base).map_err(cannot)?
+                        // A fill writes into a folder made for this very drive, never an old one,
+                        // which is not whole until the fill writes the marker again (a copy that
+                        // lost files is filled again with its old marker there).
+                        let root = disk::fill_folder(dir, folder, *drive_id, id_base).map_err(cannot)?;
+                        if a.fill {
+                            disk::unmark(dir, folder).map_err(cannot)?;
+                        }
+                        root
                     } else if disk::holds(dir, folder, *drive_id) {
                         dir.join("drives").join(folder)
                     } else {

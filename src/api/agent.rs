@@ -25,6 +25,7 @@ use crate::auth::machine::{self, verify_credential};
 use crate::auth::seal;
 use crate::auth::transfer::{TransferClaims, mint_transfer};
 use crate::beats;
+use crate::domain::copy::LostFiles;
 use crate::domain::drive::{Location, full_name};
 use crate::domain::grant::{self, Grant};
 use crate::domain::machine::MachineState;
@@ -214,6 +215,21 @@ fn check_images(images: &[ImageReport]) -> Result<(), ApiError> {
     Ok(())
 }
 
+/// What a copy lost, as its drive's event says it: `lost 2 files since it was filled (a, b): …`.
+fn lost_files(lost: &LostFiles) -> String {
+    const SHOWN: usize = 3;
+    let files = if lost.count == 1 { "1 file".to_owned() } else { format!("{} files", lost.count) };
+    let shown: Vec<&str> = lost.named.iter().take(SHOWN).map(|p| cut(p)).collect();
+    let more = match lost.count.saturating_sub(shown.len() as u64) {
+        0 => String::new(),
+        n => format!(" and {n} more"),
+    };
+    format!(
+        "lost {files} since it was filled ({}{more}): it is no longer whole, and is filled again when next needed",
+        shown.join(", ")
+    )
+}
+
 /// The first `MAX_REASON` bytes of what an agent says, on a character's boundary.
 fn cut(text: &str) -> &str {
     &text[..text.floor_char_boundary(MAX_REASON)]
@@ -239,6 +255,9 @@ async fn heartbeat(
                 format!("copies[{i}].manifest"),
                 "must be 64 lowercase hex digits",
             ));
+        }
+        if let Some((field, why)) = c.lost.as_ref().and_then(|l| l.invalid()) {
+            return Err(ApiError::invalid(format!("copies[{i}].lost.{field}"), why));
         }
     }
     let usage = store::machines::Usage {
@@ -273,6 +292,7 @@ async fn heartbeat(
         bytes: req.copies.iter().map(|c| clamp(c.bytes)).collect(),
         complete: req.copies.iter().map(|c| c.complete).collect(),
         measured: req.copies.iter().map(|c| c.measured).collect(),
+        lost: req.copies.iter().map(|c| c.lost.as_ref().and_then(|l| serde_json::to_value(l).ok())).collect(),
         manifests: req.copies.iter().map(|c| c.manifest.clone()).collect(),
     };
     let generation = app.hub.beats.generation(caller.id);
@@ -299,6 +319,10 @@ async fn heartbeat(
         let why =
             format!("the copy on {} is complete ({})", caller.name, human_bytes((*bytes).max(0) as u64));
         store::events::record_for_drive(&mut *tx, *drive, false, "FillCompleted", &why, "agent").await?;
+    }
+    for (drive, lost) in &copies.lost {
+        let why = format!("the copy on {} {}", caller.name, lost_files(lost));
+        store::events::record_for_drive(&mut *tx, *drive, true, "FilesLost", &why, "agent").await?;
     }
     if !copies.completed.is_empty() {
         // The marker is there: the workers waiting for these copies start now, not at the next pass.

@@ -21,7 +21,7 @@ use super::{
     AppState, secrets,
     workers::{self, WorkerRef},
 };
-use crate::domain::copy::CopyState;
+use crate::domain::copy::{CopyState, LostFiles};
 use crate::domain::drive::{DriveSpec, Location, full_name};
 use crate::domain::grant::{self, Refused};
 use crate::domain::meta::MetaInput;
@@ -118,6 +118,10 @@ pub struct Copy {
     /// How far the fill has got; only while the copy is `Filling`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub progress: Option<Progress>,
+    /// What the copy lost since it was whole (files missing or cut, as its agent found them
+    /// against its manifest); until it is whole again.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lost_files: Option<LostFiles>,
 }
 
 fn to_copy(full: &str, c: &CopyRecord) -> Copy {
@@ -131,6 +135,7 @@ fn to_copy(full: &str, c: &CopyRecord) -> Copy {
         manifest: c.manifest.clone(),
         source: c.source.clone(),
         progress: (c.state == CopyState::Filling).then(|| progress(&c.fill.with_bytes(c.bytes), Utc::now())),
+        lost_files: c.lost.as_ref().map(|l| l.0.clone()),
     }
 }
 

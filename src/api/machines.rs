@@ -22,7 +22,7 @@ use super::watch::{self, Kind};
 use super::workers::{self, Worker};
 use crate::auth::machine::new_join_token;
 use crate::domain::Name;
-use crate::domain::copy::CopyState;
+use crate::domain::copy::{CopyState, LostFiles};
 use crate::domain::drive::full_name;
 use crate::domain::machine::MachineState;
 use crate::domain::path::AbsPath;
@@ -89,6 +89,10 @@ pub struct MachineCopy {
     /// How far the fill has got; only while the copy is `Filling`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub progress: Option<Progress>,
+    /// What the copy lost since it was whole (files missing or cut, as its agent found them
+    /// against its manifest); until it is whole again.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lost_files: Option<LostFiles>,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -201,6 +205,7 @@ fn to_copy(workspace: &str, data_path: &str, c: MachineCopyRecord) -> MachineCop
         last_used_at: c.last_used_at,
         manifest: c.manifest,
         source: c.source,
+        lost_files: c.lost.map(|l| l.0),
     }
 }
 

@@ -259,6 +259,7 @@ impl Fleet {
                 measured: true,
                 last_used_at: None,
                 manifest: None,
+                lost: None,
             })
             .collect();
         let used = COPY_BYTES * copies.len() as u64;

@@ -1,10 +1,11 @@
 //! The `copies` table: each drive's copy on each machine, and how whole it is.
 
 use chrono::{DateTime, Utc};
+use sqlx::types::Json;
 use sqlx::{PgConnection, PgExecutor};
 use uuid::Uuid;
 
-use crate::domain::copy::CopyState;
+use crate::domain::copy::{CopyState, LostFiles};
 use crate::domain::progress;
 
 /// A copy as the API shows it.
@@ -19,6 +20,8 @@ pub struct CopyRecord {
     pub manifest: Option<String>,
     /// `peer <machine>` or `fill`, by its fill run; `None` without one.
     pub source: Option<String>,
+    /// What the copy lost since it was whole, until it is whole again.
+    pub lost: Option<Json<LostFiles>>,
     #[sqlx(flatten)]
     pub fill: FillObservation,
 }
@@ -78,7 +81,7 @@ pub async fn for_drive(
     let after_clause = if after.is_some() { "AND c.machine_id > $3" } else { "" };
     let sql = format!(
         "SELECT c.machine_id, m.name AS machine, m.data_path, c.state, c.bytes, c.last_used_at, c.manifest,
-             c.size_hint, c.bytes_at, c.progress_bytes, c.progress_at, {SOURCE}
+             c.lost, c.size_hint, c.bytes_at, c.progress_bytes, c.progress_at, {SOURCE}
          FROM copies c JOIN machines m ON m.id = c.machine_id {SOURCE_JOIN}
          WHERE c.drive_id = $1 AND c.state <> 'Evicting' {after_clause} ORDER BY c.machine_id LIMIT $2"
     );
@@ -124,6 +127,8 @@ pub struct MachineCopyRecord {
     pub manifest: Option<String>,
     /// `peer <machine>` or `fill`, by its fill run; `None` without one.
     pub source: Option<String>,
+    /// What the copy lost since it was whole, until it is whole again.
+    pub lost: Option<Json<LostFiles>>,
     #[sqlx(flatten)]
     pub fill: FillObservation,
 }
@@ -136,7 +141,7 @@ pub async fn on_machine(
     workspace: Uuid,
 ) -> sqlx::Result<Vec<MachineCopyRecord>> {
     sqlx::query_as(&format!(
-        "SELECT d.name AS drive, c.state, c.bytes, c.last_used_at, c.manifest, c.size_hint, c.bytes_at,
+        "SELECT d.name AS drive, c.state, c.bytes, c.last_used_at, c.manifest, c.lost, c.size_hint, c.bytes_at,
              c.progress_bytes, c.progress_at, {SOURCE}
          FROM copies c JOIN drives d ON d.id = c.drive_id {SOURCE_JOIN}
          WHERE c.machine_id = $1 AND d.workspace_id = $2 AND c.state <> 'Evicting' ORDER BY d.name"
@@ -406,6 +411,8 @@ pub struct Reconciled {
     /// Whether a whole copy was measured whole for the first time: what its size hint held
     /// back from placement may now be free.
     pub measured: bool,
+    /// Copies whole until now that lost files: the drive, and what they lost.
+    pub lost: Vec<(Uuid, LostFiles)>,
 }
 
 /// An agent's report of its copies, a column each, as `unnest` takes them.
@@ -420,6 +427,8 @@ pub struct Reported {
     pub complete: Vec<bool>,
     /// Whether a complete copy's bytes were measured whole.
     pub measured: Vec<bool>,
+    /// What a copy that was whole lost, as JSON.
+    pub lost: Vec<Option<serde_json::Value>>,
     /// The digest of each whole copy's manifest, once made.
     pub manifests: Vec<Option<String>>,
 }
@@ -443,9 +452,10 @@ pub async fn reconcile(tx: &mut PgConnection, machine: Uuid, r: &Reported) -> sq
     // named for deletion. The copies the agent no longer has, which no reported folder holds,
     // change in the same statement: evicted ones are gone; whole ones must be filled again.
     let rows: Vec<(String, Option<Uuid>, Option<CopyState>, i64)> = sqlx::query_as(
-        "WITH r AS (SELECT * FROM unnest($2::text[], $3::bigint[], $4::bool[], $5::uuid[], $7::text[], $8::bool[])
-                    AS r(folder, bytes, complete, reported_id, manifest, measured)),
-         d AS (SELECT r.folder, r.bytes, r.complete, r.manifest, r.measured, dr.id AS drive_id FROM r
+        "WITH r AS (SELECT * FROM unnest($2::text[], $3::bigint[], $4::bool[], $5::uuid[], $7::text[], $8::bool[],
+                                         $9::jsonb[])
+                    AS r(folder, bytes, complete, reported_id, manifest, measured, lost)),
+         d AS (SELECT r.folder, r.bytes, r.complete, r.manifest, r.measured, r.lost, dr.id AS drive_id FROM r
                LEFT JOIN workspaces s ON s.name = split_part(r.folder, '.', 1)
                LEFT JOIN drives dr ON dr.workspace_id = s.id AND dr.name = substr(r.folder, length(s.name) + 2)
                    AND dr.id = r.reported_id),
@@ -470,7 +480,8 @@ pub async fn reconcile(tx: &mut PgConnection, machine: Uuid, r: &Reported) -> sq
                                  ELSE c.state END,
                     completed_at = CASE WHEN d.complete AND c.state <> 'Complete' THEN now() ELSE c.completed_at END,
                     manifest = CASE WHEN d.complete AND c.state <> 'Evicting' THEN d.manifest END,
-                    measured = d.measured
+                    measured = d.measured,
+                    lost = CASE WHEN d.complete THEN NULL ELSE COALESCE(d.lost, c.lost) END
                 FROM d WHERE c.machine_id = $1 AND c.drive_id = d.drive_id
                 RETURNING c.drive_id, c.state),
          missing AS (SELECT c.id, c.state FROM copies c
@@ -490,10 +501,13 @@ pub async fn reconcile(tx: &mut PgConnection, machine: Uuid, r: &Reported) -> sq
     .bind(progress::SAMPLE_EVERY_SECONDS as f64)
     .bind(&r.manifests)
     .bind(&r.measured)
+    .bind(&r.lost)
     .fetch_all(&mut *tx)
     .await?;
     let reported: std::collections::HashMap<&str, bool> =
         r.folders.iter().map(String::as_str).zip(r.measured.iter().copied()).collect();
+    let lost: std::collections::HashMap<&str, &serde_json::Value> =
+        r.folders.iter().zip(&r.lost).filter_map(|(f, l)| Some((f.as_str(), l.as_ref()?))).collect();
     let mut out = Reconciled::default();
     for (folder, drive, state, bytes) in rows {
         let was = drive.and_then(|d| before.get(&d));
@@ -502,6 +516,11 @@ pub async fn reconcile(tx: &mut PgConnection, machine: Uuid, r: &Reported) -> sq
             && reported.get(folder.as_str()) == Some(&true)
         {
             out.measured = true;
+        }
+        if let (Some(d), Some((CopyState::Complete, _)), Some(l)) = (drive, was, lost.get(folder.as_str()))
+            && let Ok(l) = serde_json::from_value::<LostFiles>((*l).clone())
+        {
+            out.lost.push((d, l));
         }
         match (drive, state) {
             (Some(d), Some(CopyState::Complete)) if was_incomplete => out.completed.push((d, bytes)),

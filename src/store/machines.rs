@@ -154,9 +154,10 @@ pub async fn beat_if_unchanged(
     // name: that differs, and the full reconcile names it for deletion.
     sqlx::query_as(
         "WITH reported AS (SELECT * FROM unnest($5::text[], $6::bigint[], $7::bool[], $8::uuid[], $10::text[],
-                                               $11::bool[])
-                               AS r(folder, bytes, complete, drive_id, manifest, measured)),
-         known AS (SELECT s.name || '.' || d.name AS folder, c.drive_id, c.bytes, c.state, c.manifest, c.measured
+                                               $11::bool[], $12::jsonb[])
+                               AS r(folder, bytes, complete, drive_id, manifest, measured, lost)),
+         known AS (SELECT s.name || '.' || d.name AS folder, c.drive_id, c.bytes, c.state, c.manifest, c.measured,
+                          c.lost
                    FROM copies c
                    JOIN drives d ON d.id = c.drive_id JOIN workspaces s ON s.id = d.workspace_id
                    WHERE c.machine_id = $1),
@@ -166,6 +167,7 @@ pub async fn beat_if_unchanged(
                 OR r.folder IS NULL AND k.state IN ('Complete', 'Evicting')
                 OR r.folder IS NOT NULL AND (k.state = 'Evicting' OR k.bytes <> r.bytes
                                              OR r.drive_id IS DISTINCT FROM k.drive_id
+                                             OR r.lost IS NOT NULL AND r.lost IS DISTINCT FROM k.lost
                                              OR (k.state = 'Complete') <> r.complete
                                              OR k.state = 'Complete' AND (r.manifest IS DISTINCT FROM k.manifest
                                                                           OR r.measured <> k.measured))),
@@ -190,6 +192,7 @@ pub async fn beat_if_unchanged(
     .bind(usage.reserve_bytes)
     .bind(&r.manifests)
     .bind(&r.measured)
+    .bind(&r.lost)
     .fetch_optional(db)
     .await
 }

@@ -67,3 +67,70 @@ async fn a_manifest_digest_that_is_not_64_hex_digits_is_refused_naming_the_copy(
         assert!(reply.text.contains("copies[0].manifest"), "{}", reply.text);
     }
 }
+
+/// A heartbeat of the machine reporting its copy of food101 as not whole, having lost `lost`.
+async fn lost_beat(app: &TestApp, credential: &str, drive: Uuid, lost: Value) -> Reply {
+    let copy = json!({
+        "drive": "default.food101", "drive_id": drive, "bytes": 900, "complete": false, "last_used_at": null,
+        "lost": lost,
+    });
+    app.heartbeat(credential, 1_000_000, 900, vec![copy], json!({})).await
+}
+
+#[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
+async fn a_whole_copy_that_lost_files_fills_again_says_which_and_the_drive_hears_of_it_once(
+    db: sqlx::PgPool,
+) {
+    let app = spawn_app(db).await;
+    let credential = app.join_machine("gpu-01", 1).await;
+    let (drive, _) = app.recipe_drive_with_copy_on("gpu-01").await;
+    assert_eq!(beat(&app, &credential, drive, true, Some(&"a".repeat(64))).await.status, 200);
+
+    let named: Vec<String> = (0..20).map(|i| format!("food101/data/train-{i:05}.parquet")).collect();
+    let lost = json!({"count": 25, "named": named});
+    for _ in 0..2 {
+        assert_eq!(lost_beat(&app, &credential, drive, lost.clone()).await.status, 200);
+    }
+    let copy = app.get_drive("food101").await.json()["copies"][0].clone();
+    assert_eq!((&copy["state"], &copy["lost_files"]), (&json!("Filling"), &lost), "{copy}");
+    assert_eq!(app.get("/machines/gpu-01").await.json()["copies"][0]["lost_files"], lost);
+    let events = app.get("/events?object=drive/food101").await.json();
+    let told: Vec<&Value> =
+        events["items"].as_array().unwrap().iter().filter(|e| e["reason"] == "FilesLost").collect();
+    assert_eq!(told.len(), 1, "{events}");
+    assert_eq!(
+        told[0]["message"],
+        "the copy on gpu-01 lost 25 files since it was filled (food101/data/train-00000.parquet, \
+         food101/data/train-00001.parquet, food101/data/train-00002.parquet and 22 more): it is no longer \
+         whole, and is filled again when next needed"
+    );
+    assert_eq!(told[0]["type"], "Warning", "{}", told[0]);
+
+    // While it is filled again its agent says nothing of what it lost; once whole, it is gone.
+    let filling = json!({"drive": "default.food101", "drive_id": drive, "bytes": 100, "complete": false, "last_used_at": null});
+    assert_eq!(app.heartbeat(&credential, 1_000_000, 100, vec![filling], json!({})).await.status, 200);
+    assert_eq!(app.get_drive("food101").await.json()["copies"][0]["lost_files"], lost);
+    assert_eq!(beat(&app, &credential, drive, true, None).await.status, 200);
+    let copy = app.get_drive("food101").await.json()["copies"][0].clone();
+    assert_eq!((&copy["state"], copy.get("lost_files")), (&json!("Complete"), None), "{copy}");
+}
+
+#[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
+async fn lost_files_past_their_bounds_are_refused_naming_the_field(db: sqlx::PgPool) {
+    let app = spawn_app(db).await;
+    let credential = app.join_machine("gpu-01", 1).await;
+    let (drive, _) = app.recipe_drive_with_copy_on("gpu-01").await;
+    let many: Vec<String> = (0..21).map(|i| i.to_string()).collect();
+    for (lost, field) in [
+        (json!({"count": 21, "named": many}), "copies[0].lost.named"),
+        (json!({"count": 0, "named": ["a"]}), "copies[0].lost.count"),
+        (json!({"count": 1, "named": ["/etc/shadow"]}), "copies[0].lost.named[0]"),
+        (json!({"count": 1, "named": ["x".repeat(4097)]}), "copies[0].lost.named[0]"),
+    ] {
+        let reply = lost_beat(&app, &credential, drive, lost).await;
+        assert_eq!(reply.status, 422, "{}", reply.text);
+        assert_eq!(reply.fields()[0].0, field, "{}", reply.text);
+    }
+    let copy = app.get_drive("food101").await.json()["copies"][0].clone();
+    assert_eq!(copy.get("lost_files"), None, "nothing half-written: {copy}");
+}

@@ -2465,6 +2465,7 @@ export interface components {
             folder: string;
             /** Format: date-time */
             last_used_at?: string | null;
+            lost_files?: null | components["schemas"]["LostFiles"];
             /**
              * @description The digest (BLAKE3, hex) of the manifest its agent made of the whole copy: every file's size
              *     and content hashes, which a copy pulled from a peer is checked against. Absent until made,
@@ -2706,6 +2707,7 @@ export interface components {
                 folder: string;
                 /** Format: date-time */
                 last_used_at?: string | null;
+                lost_files?: null | components["schemas"]["LostFiles"];
                 /**
                  * @description The digest (BLAKE3, hex) of the manifest its agent made of the whole copy: every file's size
                  *     and content hashes, which a copy pulled from a peer is checked against. Absent until made,
@@ -2949,6 +2951,19 @@ export interface components {
             /** @description Watch from here (`?watch=true&resource_version=…`) to miss nothing after this list. */
             resource_version?: string | null;
         };
+        /**
+         * @description Files a whole copy lost since it was filled: missing, or of another size than its manifest
+         *     lists. The copy is no longer whole, and is filled again when next needed.
+         */
+        LostFiles: {
+            /**
+             * Format: int64
+             * @description How many in all.
+             */
+            count: number;
+            /** @description The first of them by path, relative to the copy. */
+            named: string[];
+        };
         Machine: {
             /**
              * @description The copies kept here of the caller's workspace's drives, by drive; only when one
@@ -2985,6 +3000,7 @@ export interface components {
             folder: string;
             /** Format: date-time */
             last_used_at?: string | null;
+            lost_files?: null | components["schemas"]["LostFiles"];
             /**
              * @description The digest (BLAKE3, hex) of the manifest its agent made of the whole copy: every file's size
              *     and content hashes, which a copy pulled from a peer is checked against. Absent until made,

@@ -36,32 +36,47 @@ impl Check {
 /// folder cannot be walked or a file cannot be read.
 pub fn check(folder: &Path, manifest: &Manifest) -> Result<Check, String> {
     let root = walk::open_dir(CWD, folder).map_err(|e| format!("cannot open {}: {e}", folder.display()))?;
-    compare_all(root, manifest, true)
+    compare_all(root, manifest, Depth::Contents)
 }
 
 /// What the folder open at `root` holds that `manifest` does not list as it is: entries not
 /// listed, and those of another kind than listed (a folder for a file…). What a receiver
 /// removes from a folder it resumes into, whose files it checks itself; no file is read.
 pub fn unlisted(root: OwnedFd, manifest: &Manifest) -> Result<Vec<String>, String> {
-    let found = compare_all(root, manifest, false)?;
+    let found = compare_all(root, manifest, Depth::Kinds)?;
     Ok(found.extra)
 }
 
-/// [`check`] of the folder open at `root`; with `hash` false, no file is read and no size
-/// compared.
-fn compare_all(root: OwnedFd, manifest: &Manifest, hash: bool) -> Result<Check, String> {
+/// [`check`] of the folder open at `root` by sizes alone: what a whole copy lost since its
+/// manifest was made, found without reading a file.
+pub fn sizes(root: OwnedFd, manifest: &Manifest) -> Result<Check, String> {
+    compare_all(root, manifest, Depth::Sizes)
+}
+
+/// How far a comparison looks into each file listed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Depth {
+    /// Only that it is a file.
+    Kinds,
+    Sizes,
+    /// Its size, then its chunks' hashes.
+    Contents,
+}
+
+/// [`check`] of the folder open at `root`, as deep as `depth`.
+fn compare_all(root: OwnedFd, manifest: &Manifest, depth: Depth) -> Result<Check, String> {
     let mut walk = Walk::new(root)?;
     let mut listed = manifest.entries().iter().peekable();
     let mut found = walk.next().transpose()?;
     let mut result = Check::default();
-    let mut buf = if hash { vec![0u8; BUFFER_BYTES] } else { vec![] };
+    let mut buf = if depth == Depth::Contents { vec![0u8; BUFFER_BYTES] } else { vec![] };
     loop {
         match (listed.peek(), found.as_mut()) {
             (None, None) => return Ok(result),
             (Some(entry), Some(on_disk)) if entry.path() == on_disk.path() => {
                 match on_disk {
-                    Found::File { .. } if !hash && !entry.is_dir() => {}
-                    _ => compare(entry, on_disk, &mut result, &mut buf)?,
+                    Found::File { .. } if depth == Depth::Kinds && !entry.is_dir() => {}
+                    _ => compare(entry, on_disk, &mut result, &mut buf, depth)?,
                 }
                 listed.next();
                 found = walk.next().transpose()?;
@@ -79,12 +94,19 @@ fn compare_all(root: OwnedFd, manifest: &Manifest, hash: bool) -> Result<Check, 
     }
 }
 
-fn compare(entry: &Entry, on_disk: &mut Found, result: &mut Check, buf: &mut [u8]) -> Result<(), String> {
+fn compare(
+    entry: &Entry,
+    on_disk: &mut Found,
+    result: &mut Check,
+    buf: &mut [u8],
+    depth: Depth,
+) -> Result<(), String> {
     match on_disk {
         Found::EmptyDir(_) if entry.is_dir() => {}
         Found::File { size, .. } if !entry.is_dir() && *size != entry.size() => {
             result.wrong_size.push(entry.path().to_owned());
         }
+        Found::File { .. } if !entry.is_dir() && depth == Depth::Sizes => {}
         Found::File { file, .. } if !entry.is_dir() => {
             if result.changed.is_none() {
                 let differs = first_difference(file, entry, buf);

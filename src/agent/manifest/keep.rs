@@ -28,9 +28,11 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use super::build::{STOPPED, build_at};
+use super::lost::{self, Lost, Next};
 use super::{Digest, Header, walk};
 use crate::agent::layout;
-use crate::protocol::{Assignment, MountSource};
+use crate::agent::sizes::Sizes;
+use crate::protocol::{Assignment, LostFiles, MountSource};
 
 /// The agent's folder of manifests in `drives/`.
 pub const FOLDER: &str = ".manifests";
@@ -65,6 +67,8 @@ struct State {
     /// Copies being pulled from peers, with their drive and the bytes on disk so far: a pull
     /// writes beside the copy's place, where the measurer does not look.
     pulling: HashMap<String, (Uuid, u64)>,
+    /// What whole copies lost since their manifests were made.
+    lost: Lost,
 }
 
 impl State {
@@ -96,6 +100,15 @@ impl Manifests {
         let state = self.state();
         let (made_for, digest) = state.kept.get(folder)?;
         (Some(*made_for) == drive_id).then_some(*digest)
+    }
+
+    /// What the whole copy in `folder`, of the drive `drive_id`, lost since its manifest was
+    /// made, as the last comparison found; `None` while something writes to it.
+    pub fn lost(&self, folder: &str, drive_id: Option<Uuid>) -> Option<LostFiles> {
+        let state = self.state();
+        let (made_for, digest) = state.kept.get(folder)?;
+        let unwritten = state.writers.get(folder).is_none_or(|w| w.running == 0);
+        (Some(*made_for) == drive_id && unwritten).then(|| state.lost.of(folder, digest)).flatten()
     }
 
     /// Records that `folder`, the copy of `drive`, is being pulled and holds `bytes` so far.
@@ -139,6 +152,7 @@ impl Manifests {
                 state.kept.remove(folder);
                 state.refused.remove(folder);
                 state.received.remove(folder);
+                state.lost.forget(folder);
             }
         }
         if let Some(drives) = dir.and_then(layout::open_drives) {
@@ -198,7 +212,7 @@ pub(in crate::agent) fn remove(drives: &OwnedFd, folder: &str) {
 /// Brings the manifests in `dir`'s `drives/` in line with its copies, then makes the manifest of
 /// one complete copy that lacks one, if any (which may take minutes). Whether another still
 /// lacks one: the next pass should come soon. Blocking; stops early once `stop` is cancelled.
-pub fn pass(manifests: &Manifests, dir: &Path, stop: &CancellationToken) -> bool {
+pub fn pass(manifests: &Manifests, dir: &Path, sizes: &Sizes, stop: &CancellationToken) -> bool {
     {
         let mut state = manifests.state();
         if !state.settled {
@@ -219,6 +233,7 @@ pub fn pass(manifests: &Manifests, dir: &Path, stop: &CancellationToken) -> bool
         .collect();
     tidy(manifests, &store, &complete);
     sweep(manifests, &drives);
+    find_lost(manifests, &drives, &store, sizes, stop);
     let lacking: Vec<(&String, &Uuid)> = {
         let state = manifests.state();
         let unwritten = |f: &String| state.writers.get(f).is_none_or(|w| w.running == 0);
@@ -320,10 +335,55 @@ fn tidy(manifests: &Manifests, store: &OwnedFd, complete: &BTreeMap<String, Uuid
         present.push(folder.to_owned());
     }
     let mut state = manifests.state();
-    let State { kept, received, .. } = &mut *state;
+    let State { kept, received, lost, .. } = &mut *state;
     let since = |f: &String| received.get(f).is_some_and(|(_, seq)| *seq > listed_after);
     kept.retain(|folder, _| present.contains(folder) || since(folder));
     received.retain(|folder, (_, seq)| present.contains(folder) || *seq > listed_after);
+    lost.retain(kept);
+}
+
+/// Compares with its manifest each whole copy whose latest walk counted other files or bytes
+/// than the manifest lists, once per walk (see `manifest::lost`).
+fn find_lost(
+    manifests: &Manifests,
+    drives: &OwnedFd,
+    store: &OwnedFd,
+    sizes: &Sizes,
+    stop: &CancellationToken,
+) {
+    let kept: Vec<(String, Digest)> = {
+        let state = manifests.state();
+        let unwritten = |f: &String| state.writers.get(f).is_none_or(|w| w.running == 0);
+        state.kept.iter().filter(|(f, _)| unwritten(f)).map(|(f, (_, d))| (f.clone(), *d)).collect()
+    };
+    for (folder, digest) in kept {
+        let Some(measured) = lost::measured(sizes, &folder) else { continue };
+        let name = file_name(&folder);
+        let mut next = manifests.state().lost.next(&folder, &digest, measured);
+        if let Next::ReadTotals = next {
+            let Some(listed) = lost::header(store, &name) else { continue };
+            let mut state = manifests.state();
+            state.lost.listed(&folder, &digest, listed);
+            next = state.lost.next(&folder, &digest, measured);
+        }
+        if !matches!(next, Next::Compare) || stop.is_cancelled() {
+            continue;
+        }
+        let before = manifests.writers(&folder);
+        let found = lost::compare(drives, &folder, store, &name, &digest).unwrap_or_else(|why| {
+            tracing::warn!(folder, error = %why, "cannot compare the copy with its manifest");
+            None
+        });
+        let mut state = manifests.state();
+        // A hold taken meanwhile: the copy is being written to, and what was found is stale.
+        if state.writers.get(&folder).copied().unwrap_or_default() != before {
+            continue;
+        }
+        if let Some(l) = &found {
+            tracing::warn!(folder, files = l.count, first = %l.named[0], "the whole copy lost files since it was filled");
+        }
+        state.lost.found(&folder, &digest, measured, found);
+    }
 }
 
 /// Takes `from`, a manifest in `dir`'s `drives/` (out of the store, where a pass would remove
@@ -493,11 +553,11 @@ mod tests {
     fn a_complete_copy_gets_a_manifest_out_of_its_folder_and_heartbeats_report_its_digest() {
         let (dir, id) = location();
         let (manifests, stop) = (Manifests::default(), CancellationToken::new());
-        assert!(!pass(&manifests, dir.path(), &stop));
+        assert!(!pass(&manifests, dir.path(), &Sizes::default(), &stop));
         assert!(!file(dir.path()).exists(), "none before the running workers are known");
 
         manifests.settle();
-        assert!(!pass(&manifests, dir.path(), &stop), "no other copy lacks one");
+        assert!(!pass(&manifests, dir.path(), &Sizes::default(), &stop), "no other copy lacks one");
         let bytes = std::fs::read(file(dir.path())).unwrap();
         let digest = Digest(blake3::hash(&bytes));
         assert_eq!(reported(dir.path(), &manifests), Some(digest.to_string()));
@@ -510,8 +570,43 @@ mod tests {
         // After a restart, the manifest on disk is taken in, not made again.
         let again = Manifests::default();
         again.settle();
-        pass(&again, dir.path(), &stop);
+        pass(&again, dir.path(), &Sizes::default(), &stop);
         assert_eq!(reported(dir.path(), &again), Some(digest.to_string()));
+    }
+
+    #[test]
+    fn a_whole_copy_that_loses_files_is_reported_not_complete_naming_them_until_a_fill_holds_it() {
+        let (dir, _) = location();
+        let copy = dir.path().join("drives").join(FOLDER_NAME);
+        std::fs::write(copy.join("train/1.jpg"), "jpeg2").unwrap();
+        let (manifests, stop) = (Arc::new(Manifests::default()), CancellationToken::new());
+        let (sizes, mut measurer) = (Sizes::default(), crate::agent::sizes::Measurer::default());
+        let report = |sizes: &Sizes| {
+            let report = crate::agent::disk::report(dir.path(), sizes, &manifests);
+            report.copies.into_iter().find(|c| c.drive == FOLDER_NAME).unwrap()
+        };
+        manifests.settle();
+        measurer.pass(dir.path(), &sizes, 100);
+        pass(&manifests, dir.path(), &sizes, &stop);
+        pass(&manifests, dir.path(), &sizes, &stop);
+        let whole = report(&sizes);
+        assert!(whole.complete && whole.manifest.is_some() && whole.lost.is_none(), "{whole:?}");
+
+        // A file goes, and another is cut, beneath the agent: the next walk counts less than the
+        // manifest lists, and the comparison names both.
+        std::fs::remove_file(copy.join("train/0.jpg")).unwrap();
+        std::fs::write(copy.join("train/1.jpg"), "jp").unwrap();
+        measurer.pass(dir.path(), &sizes, 100);
+        pass(&manifests, dir.path(), &sizes, &stop);
+        let damaged = report(&sizes);
+        let named = vec!["train/0.jpg".to_owned(), "train/1.jpg".to_owned()];
+        assert_eq!(damaged.lost, Some(LostFiles { count: 2, named }), "{damaged:?}");
+        assert!(!damaged.complete && damaged.manifest.is_none(), "{damaged:?}");
+
+        // A fill holds it to write it again: nothing is said of it until it is whole once more.
+        let hold = manifests.hold(Some(dir.path()), &fill());
+        assert_eq!(report(&sizes).lost, None);
+        drop(hold);
     }
 
     #[test]
@@ -527,10 +622,10 @@ mod tests {
         std::fs::write(drives.join(format!("{RECEIVED_MANIFEST}{FOLDER_NAME}")), "{}").unwrap();
 
         let hold = manifests.hold(Some(dir.path()), &fill());
-        pass(&manifests, dir.path(), &stop);
+        pass(&manifests, dir.path(), &Sizes::default(), &stop);
         assert!(staging.join("train/0.jpg").exists(), "a pull under way keeps what it has");
         drop(hold);
-        pass(&manifests, dir.path(), &stop);
+        pass(&manifests, dir.path(), &Sizes::default(), &stop);
         let names: Vec<String> = std::fs::read_dir(&drives)
             .unwrap()
             .map(|e| e.unwrap().file_name().into_string().unwrap())
@@ -547,18 +642,18 @@ mod tests {
         let (dir, _) = location();
         let (manifests, stop) = (Arc::new(Manifests::default()), CancellationToken::new());
         manifests.settle();
-        pass(&manifests, dir.path(), &stop);
+        pass(&manifests, dir.path(), &Sizes::default(), &stop);
         let before = reported(dir.path(), &manifests).unwrap();
 
         let hold = manifests.hold(Some(dir.path()), &fill());
         assert!(!file(dir.path()).exists());
         assert_eq!(reported(dir.path(), &manifests), None);
         std::fs::write(dir.path().join("drives").join(FOLDER_NAME).join("train/1.jpg"), "more").unwrap();
-        assert!(!pass(&manifests, dir.path(), &stop));
+        assert!(!pass(&manifests, dir.path(), &Sizes::default(), &stop));
         assert!(!file(dir.path()).exists(), "none while the fill runs");
 
         drop(hold);
-        pass(&manifests, dir.path(), &stop);
+        pass(&manifests, dir.path(), &Sizes::default(), &stop);
         let after = reported(dir.path(), &manifests).unwrap();
         assert_ne!(after, before);
         // A read-only mount holds nothing.
@@ -573,15 +668,15 @@ mod tests {
         let (dir, id) = location();
         let (manifests, stop) = (Manifests::default(), CancellationToken::new());
         manifests.settle();
-        pass(&manifests, dir.path(), &stop);
+        pass(&manifests, dir.path(), &Sizes::default(), &stop);
         let copy = dir.path().join("drives").join(FOLDER_NAME);
 
         std::fs::remove_file(copy.join(layout::MARKER)).unwrap();
         assert_eq!(reported(dir.path(), &manifests), None, "an incomplete copy has none");
-        pass(&manifests, dir.path(), &stop);
+        pass(&manifests, dir.path(), &Sizes::default(), &stop);
         assert!(!file(dir.path()).exists());
         std::fs::write(copy.join(layout::MARKER), "").unwrap();
-        pass(&manifests, dir.path(), &stop);
+        pass(&manifests, dir.path(), &Sizes::default(), &stop);
         assert!(file(dir.path()).exists());
 
         // The folder now names another drive: the manifest made for the first is stale.
@@ -591,7 +686,7 @@ mod tests {
         assert_eq!(reported(dir.path(), &manifests), None);
         let fresh = Manifests::default();
         fresh.settle();
-        pass(&fresh, dir.path(), &stop);
+        pass(&fresh, dir.path(), &Sizes::default(), &stop);
         assert_ne!(std::fs::read(file(dir.path())).unwrap(), kept, "made again for the new drive");
         std::fs::remove_file(copy.join(layout::COPY_ID)).unwrap();
         std::fs::write(copy.join(layout::COPY_ID), id.to_string()).unwrap();
@@ -616,18 +711,18 @@ mod tests {
         let drives = layout::open_drives(dir.path()).unwrap();
         adopt(&manifests, dir.path(), &drives, ".received", FOLDER_NAME, id, digest).unwrap();
         assert_eq!(manifests.digest(FOLDER_NAME, Some(id)), Some(digest), "known at once");
-        assert!(!pass(&manifests, dir.path(), &stop));
+        assert!(!pass(&manifests, dir.path(), &Sizes::default(), &stop));
         assert!(file(dir.path()).exists(), "kept though the copy has no marker yet and is held");
 
         std::fs::write(copy.join(layout::MARKER), "").unwrap();
         drop(hold);
-        pass(&manifests, dir.path(), &stop);
+        pass(&manifests, dir.path(), &Sizes::default(), &stop);
         assert_eq!(reported(dir.path(), &manifests), Some(digest.to_string()));
         assert_eq!(std::fs::read(file(dir.path())).unwrap(), bytes, "not made again");
 
         // A hold taken since may write to the copy: its manifest goes.
         let _writer = manifests.hold(Some(dir.path()), &fill());
-        pass(&manifests, dir.path(), &stop);
+        pass(&manifests, dir.path(), &Sizes::default(), &stop);
         assert!(!file(dir.path()).exists());
         assert_eq!(reported(dir.path(), &manifests), None);
         // A pull that cannot finish takes back what it adopted.
@@ -645,7 +740,7 @@ mod tests {
         std::os::unix::fs::symlink("/etc", copy.join("train/escape")).unwrap();
         let (manifests, stop) = (Manifests::default(), CancellationToken::new());
         manifests.settle();
-        assert!(!pass(&manifests, dir.path(), &stop));
+        assert!(!pass(&manifests, dir.path(), &Sizes::default(), &stop));
         assert!(!file(dir.path()).exists());
         assert_eq!(manifests.state().refused.len(), 1);
         assert_eq!(reported(dir.path(), &manifests), None);

@@ -25,6 +25,7 @@
 mod build;
 mod check;
 pub mod keep;
+mod lost;
 mod parse;
 mod walk;
 
@@ -35,7 +36,7 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 pub use build::{STOPPED, build};
-pub use check::{Check, Mismatch, check, unlisted, verify_file};
+pub use check::{Check, Mismatch, check, sizes, unlisted, verify_file};
 pub use keep::Manifests;
 pub use parse::Invalid;
 

@@ -62,7 +62,7 @@ impl Source {
         fill(&disk::fill_folder(dir.path(), FOLDER, drive, me).unwrap());
         let manifests = Arc::new(Manifests::default());
         manifests.settle();
-        keep::pass(&manifests, dir.path(), &CancellationToken::new());
+        keep::pass(&manifests, dir.path(), &Default::default(), &CancellationToken::new());
         let digest = manifests.digest(FOLDER, Some(drive)).expect("the copy's manifest is made");
         let shared = Arc::new(Shared::default());
         *shared.data_location.lock().unwrap() = Some(dir.path().to_path_buf());
@@ -218,7 +218,7 @@ async fn a_pull_makes_a_copy_equal_to_the_source_with_its_manifest_and_the_marke
     // The agent's manifest passes keep it rather than make it again.
     let before = modified(&kept);
     receiver.manifests.settle();
-    keep::pass(&receiver.manifests, receiver.dir.path(), &CancellationToken::new());
+    keep::pass(&receiver.manifests, receiver.dir.path(), &Default::default(), &CancellationToken::new());
     assert_eq!(receiver.manifests.digest(FOLDER, Some(source.drive)), Some(source.digest));
     assert_eq!(modified(&kept), before);
     // A pull again finds the copy whole and receives nothing.
@@ -508,10 +508,10 @@ async fn a_fill_from_a_peer_with_an_expired_token_gets_a_fresh_one_and_completes
     assert!(receiver.copy().join(MARKER).exists());
     // The manifest the pull adopted outlives the fill's own hold and the passes made meanwhile.
     receiver.manifests.settle();
-    keep::pass(&receiver.manifests, receiver.dir.path(), &CancellationToken::new());
+    keep::pass(&receiver.manifests, receiver.dir.path(), &Default::default(), &CancellationToken::new());
     assert_eq!(receiver.manifests.digest(FOLDER, Some(source.drive)), Some(source.digest));
     drop(hold);
-    keep::pass(&receiver.manifests, receiver.dir.path(), &CancellationToken::new());
+    keep::pass(&receiver.manifests, receiver.dir.path(), &Default::default(), &CancellationToken::new());
     assert_eq!(receiver.manifests.digest(FOLDER, Some(source.drive)), Some(source.digest));
     let heartbeat = disk::report(receiver.dir.path(), &Default::default(), &receiver.manifests);
     assert_eq!(heartbeat.copies[0].manifest, Some(source.digest.to_string()));

@@ -375,7 +375,12 @@ impl Cluster {
     /// A machine that joined with a confirmed data location and serves its copies to peers on
     /// a port of 127.0.0.1, once the server knows the port.
     pub async fn add_peer_machine(&mut self, name: &str) -> &Machine {
-        let peers = agent::PeerConfig { listen: Some("127.0.0.1:0".parse().unwrap()), ..Default::default() };
+        self.add_peer_machine_with(name, agent::PeerConfig::default()).await
+    }
+
+    /// A peer machine as `add_peer_machine`, with `peers`' TLS and trust.
+    pub async fn add_peer_machine_with(&mut self, name: &str, peers: agent::PeerConfig) -> &Machine {
+        let peers = agent::PeerConfig { listen: Some("127.0.0.1:0".parse().unwrap()), ..peers };
         self.add_machine_configured(name, 2.0, MACHINE_MEMORY, peers).await;
         self.confirm(name, None).await;
         let db = &self.db;

@@ -154,6 +154,17 @@ pub struct PeerArgs {
     /// Bytes per second received from peers, over all pulls (default: no limit).
     #[arg(long, env = "ASTRAEUS_DOWNLOAD_BYTES_PER_SECOND")]
     pub download_bytes_per_second: Option<NonZeroU64>,
+    /// PEM certificate chain of the data port, its own certificate first, naming the address of
+    /// --data-listen: with --data-tls-key, the port serves HTTPS and reports an https:// address.
+    #[arg(long, env = "ASTRAEUS_DATA_TLS_CERT", requires = "data_tls_key")]
+    pub data_tls_cert: Option<PathBuf>,
+    /// PEM private key of --data-tls-cert's certificate (PKCS#8, PKCS#1 or SEC1, unencrypted).
+    #[arg(long, env = "ASTRAEUS_DATA_TLS_KEY", requires = "data_tls_cert")]
+    pub data_tls_key: Option<PathBuf>,
+    /// PEM bundle of the CAs that sign the cluster's data-port certificates: a pull from an
+    /// https:// data port trusts these alone (default: the system's roots).
+    #[arg(long, env = "ASTRAEUS_DATA_TLS_CA")]
+    pub data_tls_ca: Option<PathBuf>,
 }
 
 /// How the agent runs workers' containers.

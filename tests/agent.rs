@@ -774,3 +774,35 @@ async fn an_agent_whose_data_port_is_taken_stops_at_once_saying_so() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains(&format!("cannot listen for peers on {addr} (--data-listen)")), "{stderr}");
 }
+
+#[tokio::test]
+async fn an_agent_whose_data_port_certificate_cannot_be_used_stops_at_once_naming_the_flag() {
+    let data = open_tempdir();
+    let (cert, key) = (data.path().join("data.crt"), data.path().join("data.key"));
+    std::fs::write(&cert, "").unwrap();
+    std::fs::write(&key, "").unwrap();
+    let agent = |tls: &[&std::ffi::OsStr]| {
+        std::process::Command::new(bin())
+            .args(["agent", "--server", "http://127.0.0.1:9", "--join-token", "astj_x", "--name", "gpu-01"])
+            .arg("--data-location")
+            .arg(data.path())
+            .args(["--cpus", "1", "--memory", "1073741824", "--data-listen", "127.0.0.1:0"])
+            .args(tls)
+            .env_remove("ASTRAEUS_DATA_TLS_CERT")
+            .env_remove("ASTRAEUS_DATA_TLS_KEY")
+            .output()
+            .unwrap()
+    };
+    let empty =
+        agent(&["--data-tls-cert".as_ref(), cert.as_os_str(), "--data-tls-key".as_ref(), key.as_os_str()]);
+    assert!(!empty.status.success());
+    let stderr = String::from_utf8_lossy(&empty.stderr);
+    let why = format!("--data-tls-cert {}: holds no PEM certificate", cert.display());
+    assert!(stderr.contains(&why), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+
+    let alone = agent(&["--data-tls-cert".as_ref(), cert.as_os_str()]);
+    assert!(!alone.status.success());
+    let stderr = String::from_utf8_lossy(&alone.stderr);
+    assert!(stderr.contains("--data-tls-key"), "{stderr}");
+}

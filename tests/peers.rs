@@ -1,6 +1,7 @@
 //! Fills from peers on an in-process cluster with real agents: a copy pulled from the machine
-//! that holds it whole, checked against its manifest, resumed after a cut, given up for the
-//! origin when its holder goes, and a transfer token that opens one copy only.
+//! that holds it whole, checked against its manifest, over HTTPS when the data port has a
+//! certificate, resumed after a cut, given up for the origin when its holder goes, and a
+//! transfer token that opens one copy only.
 
 mod cluster;
 
@@ -292,5 +293,88 @@ async fn a_transfer_token_opens_its_own_drives_copy_at_its_holder_and_no_other(p
         assert_eq!(status, StatusCode::FORBIDDEN, "{path}: {body}");
         assert!(body.contains("default.other"), "{path}: {body}");
     }
+    cluster.stop().await;
+}
+
+/// A CA made for the test, and the data-port TLS of a machine whose certificate it signs for
+/// 127.0.0.1, trusting `trusted` alone.
+struct TestCa {
+    pem: String,
+    issuer: rcgen::Issuer<'static, rcgen::KeyPair>,
+}
+
+impl TestCa {
+    fn new(name: &str) -> TestCa {
+        use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
+        let key = KeyPair::generate().unwrap();
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params.distinguished_name.push(DnType::CommonName, name);
+        let pem = params.self_signed(&key).unwrap().pem();
+        TestCa { pem, issuer: Issuer::new(params, key) }
+    }
+
+    fn peers(&self, trusted: &TestCa) -> astraeus::agent::PeerConfig {
+        use astraeus::agent::peer::tls::{self, PemFile};
+        let key = rcgen::KeyPair::generate().unwrap();
+        let params = rcgen::CertificateParams::new(vec!["127.0.0.1".to_owned()]).unwrap();
+        let cert = params.signed_by(&key, &self.issuer).unwrap().pem();
+        let path = std::path::Path::new("test.pem");
+        let pem = |flag, text: String| PemFile { flag, path, bytes: text.into_bytes() };
+        let server = tls::server(&pem(tls::CERT_FLAG, cert), &pem(tls::KEY_FLAG, key.serialize_pem()), None);
+        astraeus::agent::PeerConfig {
+            tls: Some(std::sync::Arc::new(server.unwrap())),
+            trust: tls::Trust::cas(&pem(tls::CA_FLAG, trusted.pem.clone())).unwrap(),
+            ..Default::default()
+        }
+    }
+}
+
+#[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
+async fn a_copy_is_pulled_from_a_peer_over_https_and_a_certificate_refused_sends_the_fill_to_the_origin(
+    pool: PgPool,
+) {
+    let (ours, theirs) = (TestCa::new("ours"), TestCa::new("theirs"));
+    let mut cluster = Cluster::start(&pool).await;
+    cluster.add_peer_machine_with("gpu-01", ours.peers(&ours)).await;
+    cluster.add_peer_machine_with("gpu-02", ours.peers(&ours)).await;
+    // gpu-03 trusts another CA than the one that signs the others' certificates.
+    cluster.add_peer_machine_with("gpu-03", ours.peers(&theirs)).await;
+    let address: String = sqlx::query_scalar("SELECT data_address FROM machines WHERE name = 'gpu-01'")
+        .fetch_one(&cluster.db)
+        .await
+        .unwrap();
+    assert!(address.starts_with("https://127.0.0.1:"), "{address}");
+    let api = cluster.api.clone();
+    api.create_drive(&placed_drive("blobs", 1_000_000, true, BLOB_FILL, 0.5)).await;
+    api.create_run(&pinned(run_mounting("first", "true", &["blobs"], 0.5), "gpu-01")).await;
+    api.wait_completed("first").await;
+    let digest = manifest_of(&api, "gpu-01", "blobs").await;
+
+    // gpu-02 trusts gpu-01's certificate: it pulls the copy over HTTPS.
+    api.create_run(&pinned(run_mounting("second", "true", &["blobs"], 0.5), "gpu-02")).await;
+    api.wait_completed("second").await;
+    let blob =
+        |machine: &str| std::fs::read(cluster.machine(machine).data.path().join("drives/default.blobs/blob"));
+    assert_eq!(blob("gpu-02").unwrap(), blob("gpu-01").unwrap());
+    assert_eq!(manifest_of(&api, "gpu-02", "blobs").await, digest);
+    let copies = api.drive("blobs").await["copies"].clone();
+    let gpu02 = copies.as_array().unwrap().iter().find(|c| c["node"] == "gpu-02").unwrap().clone();
+    assert_eq!(gpu02["source"], json!("peer gpu-01"), "{copies}");
+
+    // gpu-03 refuses whichever holder it is sent to: the fill goes to the origin, saying why.
+    api.create_run(&pinned(run_mounting("third", "true", &["blobs"], 0.5), "gpu-03")).await;
+    api.wait_completed("third").await;
+    let failed = api.events_with("drive/blobs", "PeerFillFailed").await;
+    assert_eq!(failed.len(), 1, "{failed:?}");
+    let message = failed[0]["message"].as_str().unwrap();
+    assert!(message.contains("cannot pull over TLS from the peer at https://127.0.0.1:"), "{message}");
+    assert!(
+        message.contains(": invalid peer certificate: UnknownIssuer; filling from the origin"),
+        "{message}"
+    );
+    let copies = api.drive("blobs").await["copies"].clone();
+    let gpu03 = copies.as_array().unwrap().iter().find(|c| c["node"] == "gpu-03").unwrap().clone();
+    assert_eq!((&gpu03["state"], &gpu03["source"]), (&json!("Complete"), &json!("fill")), "{copies}");
     cluster.stop().await;
 }

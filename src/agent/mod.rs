@@ -59,6 +59,10 @@ pub struct PeerConfig {
     pub serve: peer::ServeLimits,
     /// Bytes per second received from peers, over all pulls; `None` for no limit.
     pub download_bytes_per_second: Option<NonZeroU64>,
+    /// The data port's certificate and key: it serves HTTPS; `None` for plain HTTP.
+    pub tls: Option<Arc<rustls::ServerConfig>>,
+    /// Whom a holder at an `https://` address must prove itself to.
+    pub trust: peer::Trust,
 }
 
 impl Default for PeerConfig {
@@ -67,20 +71,29 @@ impl Default for PeerConfig {
             listen: None,
             serve: peer::ServeLimits { uploads: 4, bytes_per_second: None },
             download_bytes_per_second: None,
+            tls: None,
+            trust: peer::Trust::default(),
         }
     }
 }
 
 impl PeerConfig {
-    pub fn from_args(args: &PeerArgs) -> PeerConfig {
-        PeerConfig {
+    /// The config of `args`, its TLS files read and checked: one that cannot be used is an
+    /// error naming its flag.
+    pub fn from_args(args: &PeerArgs) -> Result<PeerConfig, String> {
+        let listen = args.data_listen.map(|a| a.ip());
+        let tls =
+            peer::tls::server_from_args(args.data_tls_cert.as_deref(), args.data_tls_key.as_deref(), listen)?;
+        Ok(PeerConfig {
             listen: args.data_listen,
             serve: peer::ServeLimits {
                 uploads: args.upload_slots as usize,
                 bytes_per_second: args.upload_bytes_per_second,
             },
             download_bytes_per_second: args.download_bytes_per_second,
-        }
+            tls,
+            trust: peer::Trust::from_args(args.data_tls_ca.as_deref())?,
+        })
     }
 }
 
@@ -136,6 +149,7 @@ impl Machine {
             // server's evictions keep free, which is what it placed the fill here for.
             pulls: peer::PullLimits {
                 rate: config.peers.download_bytes_per_second.map(peer::Rate::new),
+                trust: config.peers.trust.clone(),
                 ..peer::PullLimits::default()
             },
         })
@@ -180,6 +194,7 @@ impl Shared {
 impl Config {
     pub fn from_args(args: &AgentArgs) -> anyhow::Result<Config> {
         use secrecy::ExposeSecret;
+        let peers = PeerConfig::from_args(&args.peers).map_err(anyhow::Error::msg)?;
         let join = host::join_request(
             &args.name,
             args.join_token.as_ref().map_or("", |t| t.expose_secret()),
@@ -194,7 +209,7 @@ impl Config {
             heartbeat_interval: Duration::from_secs(args.machine.heartbeat_interval_seconds.max(1)),
             data_reserve_bytes: args.machine.data_reserve_bytes,
             runtime: podman::Config::from_args(&args.runtime)?,
-            peers: PeerConfig::from_args(&args.peers),
+            peers,
         })
     }
 }
@@ -246,7 +261,8 @@ pub async fn run(config: Config, stop: CancellationToken) -> anyhow::Result<()> 
     ));
     let server = data_port.map(|listener| {
         let holder = (client.clone(), joined.credential.clone(), shared.clone(), manifests.clone());
-        tokio::spawn(serve_peers(listener, holder, config.peers.serve.clone(), stop.clone()))
+        let port = (listener, config.peers.tls.clone());
+        tokio::spawn(serve_peers(port, holder, config.peers.serve.clone(), stop.clone()))
     });
     let images = tokio::spawn({
         let (machine, stop) = (machine.clone(), stop.clone());
@@ -265,11 +281,11 @@ pub async fn run(config: Config, stop: CancellationToken) -> anyhow::Result<()> 
     result
 }
 
-/// Serves this machine's whole copies to peers on `listener` until `stop`, once it knows the
-/// machine's id (which transfer tokens must name as their source) from its credential, checked
-/// with the server's keys; heartbeats then report the port.
+/// Serves this machine's whole copies to peers on `listener` (over TLS with `tls`) until `stop`,
+/// once it knows the machine's id (which transfer tokens must name as their source) from its
+/// credential, checked with the server's keys; heartbeats then report the port.
 async fn serve_peers(
-    listener: tokio::net::TcpListener,
+    (listener, tls): (tokio::net::TcpListener, Option<Arc<rustls::ServerConfig>>),
     (client, credential, shared, manifests): (Client, String, Arc<Shared>, Arc<manifest::Manifests>),
     limits: peer::ServeLimits,
     stop: CancellationToken,
@@ -277,9 +293,9 @@ async fn serve_peers(
     let address = match listener.local_addr() {
         Ok(addr) if addr.ip().is_unspecified() => {
             tracing::warn!(%addr, "the data port listens on every address, and reports this one to the server: peers cannot reach it there; pass --data-listen with this machine's own address");
-            format!("http://{addr}")
+            peer::serve::address(addr, tls.is_some())
         }
-        Ok(addr) => format!("http://{addr}"),
+        Ok(addr) => peer::serve::address(addr, tls.is_some()),
         Err(e) => {
             return tracing::error!(error = %e, "the data port has no address: copies are not served to peers");
         }
@@ -305,7 +321,7 @@ async fn serve_peers(
     let holder = Arc::new(peer::Holder::new(machine, shared.clone(), manifests, keys, &limits));
     tracing::info!(%address, "serving whole copies to peers");
     let _ = shared.data_address.set(address);
-    if let Err(e) = peer::serve::serve(listener, holder, stop).await {
+    if let Err(e) = peer::serve::serve(listener, tls, holder, stop).await {
         tracing::error!(error = %e, "the data port stopped: copies are no longer served to peers");
     }
 }

@@ -407,7 +407,7 @@ impl Cluster {
         self.add_peer_machine_with(name, agent::PeerConfig::default()).await
     }
 
-    /// A peer machine (see [`Cluster::add_peer_machine`]) with the limits of `peers`.
+    /// A peer machine (see [`Cluster::add_peer_machine`]) with `peers`' limits, TLS and trust.
     pub async fn add_peer_machine_with(&mut self, name: &str, peers: agent::PeerConfig) -> &Machine {
         let peers = agent::PeerConfig { listen: Some("127.0.0.1:0".parse().unwrap()), ..peers };
         self.add_machine_configured(name, 2.0, MACHINE_MEMORY, peers).await;

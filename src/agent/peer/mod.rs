@@ -6,11 +6,13 @@
 //! on a data port of its own ([`serve`]), checking tokens with the server's public keys
 //! ([`keys`]); the receiver ([`pull`]) checks what it is sent against the manifest, chunk by
 //! chunk, resumes where a cut transfer stopped, and moves the copy into place with its marker
-//! last. Both sides bound their byte rate ([`rate`]). A fill the server gives a peer runs no
-//! container: it pulls ([`fill`]).
+//! last. Both sides bound their byte rate ([`rate`]). The data port may serve HTTPS, and a pull
+//! from it then verifies the holder's certificate ([`tls`]). A fill the server gives a peer runs
+//! no container: it pulls ([`fill`]).
 
 mod beneath;
 pub mod fill;
+mod handshake;
 pub mod keys;
 pub mod order;
 pub mod pull;
@@ -19,11 +21,13 @@ mod receive;
 pub mod serve;
 #[cfg(test)]
 mod tests;
+pub mod tls;
 
 pub use keys::TrustedKeys;
 pub use pull::{Order, PullError, PullLimits, PullReport, pull};
 pub use rate::Rate;
 pub use serve::{Holder, ServeLimits};
+pub use tls::Trust;
 
 /// What a copy being received is named in `drives/` until it is whole: `.receiving-<folder>`.
 /// Its name starts with a dot, so it is not listed (or reported) as a copy.

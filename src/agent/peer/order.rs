@@ -6,13 +6,14 @@ use std::time::Duration;
 use uuid::Uuid;
 
 use super::rate::Rate;
+use super::tls::Trust;
 use crate::agent::manifest::Digest;
 use crate::domain::quantity::human_bytes;
 
 /// A copy to pull: where from, with which leave, and what it must be.
 #[derive(Debug, Clone)]
 pub struct Order {
-    /// The holder's data port, `http://host:port`.
+    /// The holder's data port, `http://host:port` or `https://host:port`.
     pub source: String,
     /// The transfer token the server minted for this pull.
     pub token: String,
@@ -33,11 +34,13 @@ pub struct PullLimits {
     pub reserve_bytes: u64,
     /// How long the holder may send nothing before the pull gives up (to resume later).
     pub idle: Duration,
+    /// Whom a holder at an `https://` address must prove itself to.
+    pub trust: Trust,
 }
 
 impl Default for PullLimits {
     fn default() -> Self {
-        PullLimits { rate: None, reserve_bytes: 0, idle: Duration::from_secs(60) }
+        PullLimits { rate: None, reserve_bytes: 0, idle: Duration::from_secs(60), trust: Trust::default() }
     }
 }
 
@@ -63,6 +66,10 @@ pub enum PullError {
     /// The connection failed or was cut: a pull again resumes where this one stopped.
     #[error("the transfer from the peer failed: {0}")]
     Transfer(String),
+    /// The holder's certificate was refused, or TLS with it failed otherwise: its setup or
+    /// this machine's, which pulling again would not change.
+    #[error("cannot pull over TLS from the peer at {address}: {why}")]
+    Tls { address: String, why: String },
     /// The manifest the holder sent is not the one the server named, or not valid.
     #[error("the peer's manifest of {folder} is not the one expected: {why}")]
     Manifest { folder: String, why: String },

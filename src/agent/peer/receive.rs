@@ -8,11 +8,13 @@ use std::sync::{Arc, Mutex};
 use futures::StreamExt;
 use reqwest::header::{CONTENT_RANGE, RANGE, RETRY_AFTER};
 use rustix::fs::{FileType, Mode, OFlags};
+use rustls::ClientConfig;
 use tokio_util::sync::CancellationToken;
 
 use super::beneath::{self, Dirs};
 use super::order::{Order, PullError, PullLimits, blocking, disk_error};
 use super::rate::Rate;
+use super::tls;
 use crate::agent::manifest::{CHUNK_BYTES, Entry, Manifest};
 
 /// Bytes gathered before they are written: fewer, larger writes off the async threads.
@@ -25,6 +27,8 @@ const BUSY_SECONDS: u64 = 5;
 /// Requests to one holder for one copy.
 pub(super) struct Fetch {
     http: reqwest::Client,
+    /// The holder's address, as the order gives it.
+    address: String,
     base: reqwest::Url,
     token: String,
     folder: String,
@@ -43,13 +47,16 @@ impl Fetch {
         if base.cannot_be_a_base() || !matches!(base.scheme(), "http" | "https") {
             return Err(bad("not an http(s) address".into()));
         }
-        let http = reqwest::Client::builder()
+        let mut http = reqwest::Client::builder()
             .connect_timeout(std::time::Duration::from_secs(10))
-            .read_timeout(limits.idle)
-            .build()
-            .map_err(|e| bad(e.to_string()))?;
+            .read_timeout(limits.idle);
+        if base.scheme() == "https" {
+            http = http.use_preconfigured_tls(ClientConfig::clone(&limits.trust.client_config()));
+        }
+        let http = http.build().map_err(|e| bad(e.to_string()))?;
         Ok(Fetch {
             http,
+            address: order.source.clone(),
             base,
             token: order.token.clone(),
             folder: order.folder.clone(),
@@ -73,7 +80,7 @@ impl Fetch {
         }
         let response = tokio::select! {
             _ = self.cancel.cancelled() => return Err(PullError::Cancelled),
-            r = request.send() => r.map_err(|e| PullError::Transfer(chain(&e)))?,
+            r = request.send() => r.map_err(|e| self.failed(&e))?,
         };
         let status = response.status();
         let from = |r: &reqwest::Response| {
@@ -91,6 +98,14 @@ impl Fetch {
                 Err(PullError::Transfer(format!("the peer answered {status} to a request from byte {start}")))
             }
             _ => Err(refusal(response).await),
+        }
+    }
+
+    /// A request that got no answer: a TLS failure, or a transfer to try again.
+    fn failed(&self, e: &reqwest::Error) -> PullError {
+        match tls::failure(e) {
+            Some(why) => PullError::Tls { address: self.address.clone(), why },
+            None => PullError::Transfer(chain(e)),
         }
     }
 }

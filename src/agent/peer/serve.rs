@@ -8,7 +8,8 @@
 //! manifest lists. No other path is ever opened, and that one beneath the copy's folder without
 //! following a link. `Range: bytes=N-` is answered with 206 so that a receiver resumes.
 //!
-//! Uploads are bounded in number (503 with Retry-After past it) and share one byte rate.
+//! Uploads are bounded in number (503 with Retry-After past it) and share one byte rate. The
+//! port serves HTTPS when given a certificate ([`super::tls`]), plain HTTP otherwise.
 
 use std::io::SeekFrom;
 use std::num::NonZeroU64;
@@ -21,12 +22,14 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
+use rustls::ServerConfig;
 use tokio::io::{AsyncReadExt, AsyncSeekExt};
 use tokio::sync::{OnceCell, OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use super::beneath;
+use super::handshake;
 use super::keys::TrustedKeys;
 use super::rate::Rate;
 use crate::agent::Shared;
@@ -101,19 +104,33 @@ pub fn router(holder: Arc<Holder>) -> Router {
         .with_state(holder)
 }
 
-/// Serves the data port on `listener` until `stop` is cancelled; uploads under way then end.
+/// Serves the data port on `listener`, over TLS with `tls`, until `stop` is cancelled; uploads
+/// under way then end.
 pub async fn serve(
     listener: tokio::net::TcpListener,
+    tls: Option<Arc<ServerConfig>>,
     holder: Arc<Holder>,
     stop: CancellationToken,
 ) -> std::io::Result<()> {
     let closing = holder.closing.clone();
-    axum::serve(listener, router(holder))
-        .with_graceful_shutdown(async move {
-            stop.cancelled().await;
-            closing.cancel();
-        })
-        .await
+    let shutdown = async move {
+        stop.cancelled().await;
+        closing.cancel();
+    };
+    let router = router(holder);
+    match tls {
+        None => axum::serve(listener, router).with_graceful_shutdown(shutdown).await,
+        Some(config) => {
+            let listener = handshake::Listener::new(listener, config)?;
+            axum::serve(listener, router).with_graceful_shutdown(shutdown).await
+        }
+    }
+}
+
+/// The address peers reach a data port listening on `addr` at: `https://` when it serves TLS.
+pub fn address(addr: std::net::SocketAddr, tls: bool) -> String {
+    let scheme = if tls { "https" } else { "http" };
+    format!("{scheme}://{addr}")
 }
 
 /// A refusal, answered as `{"error": {"code", "message"}}` like the server's API.
@@ -373,6 +390,18 @@ fn range_start(headers: &HeaderMap, size: u64) -> Result<u64, Refusal> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_address_reported_says_whether_the_port_serves_tls() {
+        let cases = [
+            ("10.0.0.5:7070", false, "http://10.0.0.5:7070"),
+            ("10.0.0.5:7070", true, "https://10.0.0.5:7070"),
+            ("[fd00::5]:7070", true, "https://[fd00::5]:7070"),
+        ];
+        for (addr, tls, expected) in cases {
+            assert_eq!(address(addr.parse().unwrap(), tls), expected);
+        }
+    }
 
     #[test]
     fn a_range_is_bytes_from_n_to_the_end_within_the_file() {

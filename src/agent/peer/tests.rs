@@ -12,6 +12,7 @@ use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
+use super::tls::testing::Ca;
 use super::*;
 use crate::agent::Shared;
 use crate::agent::disk::{self, COPY_ID, MARKER};
@@ -31,8 +32,10 @@ struct Source {
     drive: Uuid,
     digest: Digest,
     keys: Keys,
-    /// Bytes the port sends before it cuts every answer short.
+    /// Bytes the port sends before it cuts every answer short (over plain HTTP).
     budget: Arc<AtomicI64>,
+    /// A client of the port: over HTTPS, it trusts the port's CA.
+    http: reqwest::Client,
 }
 
 /// The copy: a file of three chunks, small ones, an empty one and an empty folder.
@@ -56,6 +59,29 @@ fn fill(copy: &Path) -> u64 {
 
 impl Source {
     async fn start(limits: ServeLimits) -> Source {
+        Source::serving(limits, None).await
+    }
+
+    /// A holder whose data port serves HTTPS with `cert` and `key` (PEM) as the agent's does,
+    /// and a client of it that trusts `ca`.
+    async fn start_tls((cert, key): &(String, String), ca: &Ca) -> Source {
+        let path = Path::new("data.pem");
+        let (cert, key) = (
+            tls::PemFile { flag: tls::CERT_FLAG, path, bytes: cert.clone().into_bytes() },
+            tls::PemFile { flag: tls::KEY_FLAG, path, bytes: key.clone().into_bytes() },
+        );
+        let config = tls::server(&cert, &key, None).unwrap();
+        let mut source =
+            Source::serving(ServeLimits { uploads: 4, bytes_per_second: None }, Some(Arc::new(config))).await;
+        let trusted = trusting(ca).client_config();
+        source.http = reqwest::Client::builder()
+            .use_preconfigured_tls(rustls::ClientConfig::clone(&trusted))
+            .build()
+            .unwrap();
+        source
+    }
+
+    async fn serving(limits: ServeLimits, tls: Option<Arc<rustls::ServerConfig>>) -> Source {
         let dir = tempfile::tempdir().unwrap();
         let (machine, drive) = (Uuid::now_v7(), Uuid::now_v7());
         let me = rustix::process::getuid().as_raw();
@@ -70,11 +96,20 @@ impl Source {
         let trusted = Arc::new(TrustedKeys::fixed(Keys::from_pem(&pem).unwrap().public()));
         let holder = Arc::new(Holder::new(machine, shared, manifests, trusted, &limits));
         let budget = Arc::new(AtomicI64::new(i64::MAX));
-        let router = cutting(serve::router(holder), budget.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}", listener.local_addr().unwrap());
-        tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
-        Source { dir, url, machine, drive, digest, keys: Keys::from_pem(&pem).unwrap(), budget }
+        let url = serve::address(listener.local_addr().unwrap(), tls.is_some());
+        match tls {
+            None => {
+                let router = cutting(serve::router(holder), budget.clone());
+                tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
+            }
+            Some(tls) => {
+                let serving = serve::serve(listener, Some(tls), holder, CancellationToken::new());
+                tokio::spawn(async move { serving.await.unwrap() });
+            }
+        }
+        let keys = Keys::from_pem(&pem).unwrap();
+        Source { dir, url, machine, drive, digest, keys, budget, http: reqwest::Client::new() }
     }
 
     async fn new() -> Source {
@@ -117,7 +152,7 @@ impl Source {
 
     /// A GET of the data port's `path` with `token`, and `range`.
     async fn get(&self, path: &str, token: Option<&str>, range: Option<&str>) -> reqwest::Response {
-        let mut request = reqwest::Client::new().get(format!("{}{path}", self.url));
+        let mut request = self.http.get(format!("{}{path}", self.url));
         if let Some(t) = token {
             request = request.bearer_auth(t);
         }
@@ -126,6 +161,12 @@ impl Source {
         }
         request.send().await.unwrap()
     }
+}
+
+/// Pulls that trust `ca` alone.
+fn trusting(ca: &Ca) -> Trust {
+    let bytes = ca.pem.clone().into_bytes();
+    Trust::cas(&tls::PemFile { flag: tls::CA_FLAG, path: Path::new("ca.pem"), bytes }).unwrap()
 }
 
 /// The data port with every answer cut once `budget` bytes were sent in all.
@@ -403,6 +444,97 @@ async fn a_pull_that_does_not_fit_is_refused_before_it_starts() {
     );
 }
 
+#[tokio::test]
+async fn a_pull_over_https_from_a_holder_a_trusted_ca_signed_makes_the_whole_copy() {
+    let ca = Ca::new("cluster data ports");
+    let source = Source::start_tls(&ca.issue(&["127.0.0.1"]), &ca).await;
+    assert!(source.url.starts_with("https://127.0.0.1:"), "{}", source.url);
+    let receiver = Receiver::new();
+    let limits = PullLimits { trust: trusting(&ca), ..PullLimits::default() };
+    let report = receiver.pull(&source.order(), &limits).await.unwrap();
+    assert_eq!(report, PullReport { received: BIG_BYTES as u64 + 1000 + 25, kept: 0, files: 4 });
+    let manifest = stored_manifest(receiver.dir.path(), &source.digest);
+    assert!(manifest::check(&receiver.copy(), &manifest).unwrap().is_clear());
+    assert!(receiver.copy().join(MARKER).exists());
+    assert_eq!(receiver.drives(), [keep::FOLDER, FOLDER]);
+
+    // Over TLS as over plain HTTP: a token is needed, and a range is served from where asked.
+    let token = source.token_with(|_| {});
+    let labels = format!("/v1/copies/{FOLDER}/files/meta/labels.txt");
+    assert_eq!(source.get(&labels, None, None).await.status(), 401);
+    let rest = source.get(&labels, Some(&token), Some("bytes=6-")).await;
+    assert_eq!(rest.status(), 206);
+    assert_eq!(rest.text().await.unwrap(), "pie\nbaby_back_ribs\n");
+}
+
+#[tokio::test]
+async fn a_pull_from_a_holder_whose_certificate_another_ca_signed_is_refused_naming_its_address() {
+    let (ours, theirs) = (Ca::new("ours"), Ca::new("theirs"));
+    let source = Source::start_tls(&theirs.issue(&["127.0.0.1"]), &theirs).await;
+    // Signed by the CA trusted, but for another address than the one pulled from.
+    let elsewhere = Source::start_tls(&ours.issue(&["127.0.0.2", "localhost"]), &ours).await;
+    let receiver = Receiver::new();
+    let cases = [
+        (&source, trusting(&ours), "invalid peer certificate: UnknownIssuer"),
+        // The system's roots know neither CA.
+        (&source, Trust::System, "invalid peer certificate: UnknownIssuer"),
+        (&elsewhere, trusting(&ours), "invalid peer certificate: certificate not valid for name"),
+    ];
+    for (holder, trust, why) in cases {
+        let limits = PullLimits { trust, ..PullLimits::default() };
+        let err = receiver.pull(&holder.order(), &limits).await.unwrap_err();
+        assert!(matches!(&err, PullError::Tls { address, .. } if *address == holder.url), "{err:?}");
+        let expected = format!("cannot pull over TLS from the peer at {}: {why}", holder.url);
+        assert!(err.to_string().starts_with(&expected), "{err}");
+        assert!(!err.retryable());
+    }
+    // Nothing was written: no copy, no folder being received, no manifest.
+    assert!(receiver.drives().is_empty(), "{:?}", receiver.drives());
+    assert_eq!(receiver.manifests.digest(FOLDER, Some(source.drive)), None);
+}
+
+#[tokio::test]
+async fn a_data_port_over_tls_answers_past_a_peer_that_never_shakes_hands_and_stops_when_told() {
+    let ca = Ca::new("cluster data ports");
+    let (cert, key) = ca.issue(&["127.0.0.1"]);
+    let path = Path::new("data.pem");
+    let config = tls::server(
+        &tls::PemFile { flag: tls::CERT_FLAG, path, bytes: cert.into_bytes() },
+        &tls::PemFile { flag: tls::KEY_FLAG, path, bytes: key.into_bytes() },
+        None,
+    )
+    .unwrap();
+    let public = Keys::from_pem(&Keys::generate_pem().unwrap()).unwrap().public();
+    let limits = ServeLimits { uploads: 4, bytes_per_second: None };
+    let holder = Holder::new(
+        Uuid::now_v7(),
+        Arc::default(),
+        Arc::default(),
+        Arc::new(TrustedKeys::fixed(public)),
+        &limits,
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let stop = CancellationToken::new();
+    let serving =
+        tokio::spawn(serve::serve(listener, Some(Arc::new(config)), Arc::new(holder), stop.clone()));
+
+    let _silent = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let trusted = trusting(&ca).client_config();
+    let client = reqwest::Client::builder()
+        .use_preconfigured_tls(rustls::ClientConfig::clone(&trusted))
+        .build()
+        .unwrap();
+    let url = format!("{}/v1/copies/{FOLDER}/manifest", serve::address(addr, true));
+    let answer = tokio::time::timeout(Duration::from_secs(5), client.get(&url).send()).await;
+    assert_eq!(answer.expect("answered at once").unwrap().status(), 401);
+
+    stop.cancel();
+    let stopped = tokio::time::timeout(Duration::from_secs(5), serving).await;
+    stopped.expect("the port stops").unwrap().unwrap();
+    assert!(client.get(&url).send().await.is_err(), "the port is closed");
+}
+
 /// What the server is told of a fill, and the fresh transfer tokens it hands out.
 #[derive(Clone, Default)]
 struct Told {
@@ -480,9 +612,10 @@ async fn run_fill(
     receiver: &Receiver,
     client: &crate::agent::client::Client,
     a: &crate::protocol::Assignment,
+    limits: &PullLimits,
 ) -> manifest::keep::Hold {
     let hold = receiver.manifests.hold(Some(receiver.dir.path()), a);
-    let fill = fill::Fill { client, manifests: &receiver.manifests, limits: &PullLimits::default() };
+    let fill = fill::Fill { client, manifests: &receiver.manifests, limits };
     let peer = a.peer.clone().unwrap();
     fill.run(a, &peer, Some(receiver.dir.path().to_path_buf()), CancellationToken::new()).await;
     hold
@@ -498,7 +631,7 @@ async fn a_fill_from_a_peer_with_an_expired_token_gets_a_fresh_one_and_completes
     let expired = source.token_with(|c| c.exp = chrono::Utc::now().timestamp() - 60);
     let a = fill_assignment(&source, expired);
 
-    let hold = run_fill(&receiver, &client, &a).await;
+    let hold = run_fill(&receiver, &client, &a, &PullLimits::default()).await;
     let states: Vec<_> = told.reports.lock().unwrap().iter().map(|r| (r.state, r.reason.clone())).collect();
     use crate::domain::run::WorkerState::{Completed, Running};
     assert_eq!(states, [(Running, String::new()), (Completed, String::new())]);
@@ -527,7 +660,7 @@ async fn a_fill_from_a_peer_whose_copy_differs_fails_naming_the_path() {
     let client = server(told.clone()).await;
     let a = fill_assignment(&source, source.token_with(|_| {}));
 
-    drop(run_fill(&receiver, &client, &a).await);
+    drop(run_fill(&receiver, &client, &a, &PullLimits::default()).await);
     let states: Vec<_> = told.reports.lock().unwrap().iter().map(|r| (r.state, r.reason.clone())).collect();
     use crate::domain::run::WorkerState::{Failed, Running};
     let why = "peer copy of default.food101 differs from its manifest at meta/labels.txt";
@@ -545,7 +678,7 @@ async fn a_fill_from_a_peer_refused_its_token_again_fails_with_the_refusal() {
     // Every token the server hands out is for another machine's copy.
     let other = source.order_with(|c| c.source = Uuid::now_v7()).token;
     let a = fill_assignment(&source, other);
-    let reports = run_fill(&receiver, &client, &a).await;
+    let reports = run_fill(&receiver, &client, &a, &PullLimits::default()).await;
     drop(reports);
     let last = told.reports.lock().unwrap().last().map(|r| (r.state, r.reason.clone())).unwrap();
     assert_eq!(last.0, crate::domain::run::WorkerState::Failed);
@@ -589,4 +722,31 @@ async fn a_peer_fill_resumes_after_a_cut_and_waits_out_a_busy_holder() {
     fill.pull(a.uid, order, other.dir.path(), &CancellationToken::new()).await.unwrap();
     assert!(started.elapsed() >= Duration::from_secs(5), "waited the holder's Retry-After");
     assert!(other.copy().join(MARKER).exists());
+}
+
+#[tokio::test]
+async fn a_fill_from_a_holder_whose_certificate_is_refused_fails_at_once_naming_its_address() {
+    let (ours, theirs) = (Ca::new("ours"), Ca::new("theirs"));
+    let source = Source::start_tls(&theirs.issue(&["127.0.0.1"]), &theirs).await;
+    let receiver = Receiver::new();
+    let told = Told::default();
+    let client = server(told.clone()).await;
+    let a = fill_assignment(&source, source.token_with(|_| {}));
+    let limits = PullLimits { trust: trusting(&ours), ..PullLimits::default() };
+
+    let started = std::time::Instant::now();
+    drop(run_fill(&receiver, &client, &a, &limits).await);
+    // A failed connection is tried again after 2 s: a refused certificate is not.
+    assert!(started.elapsed() < Duration::from_secs(2), "tried again: {:?}", started.elapsed());
+    let states: Vec<_> = told.reports.lock().unwrap().iter().map(|r| (r.state, r.reason.clone())).collect();
+    use crate::domain::run::WorkerState::{Failed, Running};
+    assert_eq!(states.len(), 2, "{states:?}");
+    assert_eq!(states[0], (Running, String::new()));
+    assert_eq!(states[1].0, Failed);
+    let why = format!(
+        "cannot pull over TLS from the peer at {}: invalid peer certificate: UnknownIssuer",
+        source.url
+    );
+    assert_eq!(states[1].1, why);
+    assert!(!receiver.copy().exists());
 }

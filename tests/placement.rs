@@ -42,7 +42,16 @@ async fn when_the_machine_with_the_copy_has_no_room_the_run_goes_to_another_that
     api.create_run(&busy("hog", "gpu-01", 2.0)).await;
     api.wait_worker("hog-0", "Running").await;
 
+    // It waits for gpu-01, as long as filling its copy elsewhere would take (6 GB at the
+    // 100 MB/s of a machine never measured: a minute); then it goes to gpu-02, which fills one.
     api.create_run(&run_mounting("second", "ls /data/food101/data", &["food101"], 1.0)).await;
+    let waiting = "Waiting for gpu-01, which holds its drives whole, to have room: at most 1 min, then a \
+                   machine that fills them";
+    api.wait_reason("second-0", waiting).await;
+    sqlx::query("UPDATE workers SET created_at = created_at - interval '1 minute' WHERE name = 'second-0'")
+        .execute(&pool)
+        .await
+        .unwrap();
     api.wait_completed("second").await;
     assert_eq!(api.worker("second-0").await["status"]["machine"], "gpu-02");
     let fill = api.wait_completed("fill-food101-gpu-02").await;

@@ -163,6 +163,11 @@ pub async fn reconcile(
         return Ok(report(&images));
     }
     for image in &doomed {
+        // A worker may have taken it since the list was read: it pulls nothing, and creates
+        // its container from this very image.
+        if state.in_hand(image) {
+            continue;
+        }
         match podman.remove_image(&image.id).await {
             Ok(()) => {
                 tracing::info!(image = ?image.names, bytes = image.bytes, "removed an unused image: the disk is short")

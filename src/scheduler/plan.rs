@@ -12,9 +12,11 @@ use uuid::Uuid;
 use super::evict;
 use super::filter;
 use super::policy::{self, Policy};
+use super::score;
 use super::select::{self, Choice};
 use super::snapshot::{CopyState, CopyView, DriveNeed, MachineView, Request};
 use crate::domain::grant::Grant;
+use crate::domain::quantity::human_seconds;
 use crate::store::workers::{Bind, Charge, PendingRow};
 
 /// What a pass decides over.
@@ -113,7 +115,14 @@ pub struct Plan {
     /// A worker fit none of a scoped snapshot's machines and its reason needs the others: read
     /// them into [`Snapshot::others`] and plan again.
     pub needs_others: bool,
+    /// Workers that fit somewhere but wait for a machine that holds their drives whole.
+    pub warm_waits: BTreeSet<Uuid>,
+    /// The soonest one of `warm_waits` stops waiting: a pass is due then, whatever else happens.
+    pub wake_at: Option<DateTime<Utc>>,
 }
+
+/// The longest a worker waits for a machine that holds its drives whole.
+pub const MAX_WARM_WAIT: i64 = 30 * 60;
 
 /// Decides the pass: each worker in turn, against the machines as the earlier workers left them.
 pub fn plan(s: &Snapshot, now: DateTime<Utc>, policy: &Policy) -> Plan {
@@ -207,6 +216,22 @@ pub fn plan(s: &Snapshot, now: DateTime<Utc>, policy: &Policy) -> Plan {
                 continue;
             }
         };
+        if policy.decisions.wait_for_warm
+            && let Some((holder, until)) = warm_wait(&machines, &index, &request, choice.index, w.created_at)
+            && now < until
+        {
+            let why = format!(
+                "Waiting for {holder}, which holds its drives whole, to have room: at most {}, then a machine \
+                 that fills them",
+                human_seconds((until - w.created_at).num_seconds())
+            );
+            if w.reason != why {
+                out.unplaced.push(Unplaced { worker: w.id, reason: why });
+            }
+            out.warm_waits.insert(w.id);
+            out.wake_at = Some(out.wake_at.map_or(until, |t| t.min(until)));
+            continue;
+        }
         let Choice { index: i, .. } = choice;
         let placement = Placement {
             explained: explain(&machines, &choice),
@@ -290,6 +315,30 @@ fn stage_in(s: &Snapshot, machines: &mut [MachineView], waiting: &[(Uuid, usize)
             }
         }
     }
+}
+
+/// For a worker whose chosen machine (`chosen`) lacks some of its drives whole: the first
+/// machine that holds them all whole and could take it once free, and until when the worker
+/// may wait for it: as long as the chosen machine's fill would take ([`score::ready_in`]),
+/// counted from when the worker was made, at most [`MAX_WARM_WAIT`].
+fn warm_wait(
+    machines: &[MachineView],
+    index: &HashMap<Uuid, Vec<usize>>,
+    r: &Request,
+    chosen: usize,
+    created_at: DateTime<Utc>,
+) -> Option<(String, DateTime<Utc>)> {
+    let whole = |m: &MachineView| r.placed().all(|d| m.copy_state(d.id) == Some(CopyState::Complete));
+    let first = r.placed().next()?;
+    if r.fill || whole(&machines[chosen]) {
+        return None;
+    }
+    // The machines holding the first drive whole, in the machines' order: the holders are
+    // among them.
+    let holders = index.get(&first.id)?.iter().map(|&i| &machines[i]);
+    let holder = holders.filter(|m| whole(m)).find(|m| filter::fits_when_free(m, r))?;
+    let wait = score::ready_in(&machines[chosen], r).min(MAX_WARM_WAIT);
+    Some((holder.name.clone(), created_at + chrono::Duration::seconds(wait)))
 }
 
 fn explain(machines: &[MachineView], c: &Choice) -> String {
@@ -494,6 +543,41 @@ mod tests {
 
     fn now() -> DateTime<Utc> {
         Utc.with_ymd_and_hms(2026, 12, 7, 0, 0, 0).unwrap()
+    }
+
+    #[test]
+    fn a_worker_waits_for_a_full_machine_holding_its_data_whole_as_long_as_a_fill_elsewhere_takes() {
+        let mut warm = machine(1, 8, Some(1000 * GB));
+        warm.copies.insert(id(1), CopyState::Complete);
+        warm.gpus_free = 0;
+        let cold = machine(2, 8, Some(1000 * GB));
+        let mut w = worker(1, 1);
+        w.created_at = now() - chrono::Duration::minutes(10);
+        let s = snapshot(vec![warm, cold], vec![(1, request(4, vec![drive(1, 150 * GB)]))], vec![w.clone()]);
+
+        // 150 GB at the 100 MB/s of a machine never measured: 1,500 s, 25 min from its making.
+        let until = w.created_at + chrono::Duration::seconds(1500);
+        let p = plan(&s, now(), &Policy::default());
+        assert!(p.binds.is_empty(), "{:?}", p.binds);
+        let why = "Waiting for gpu-01, which holds its drives whole, to have room: at most 25 min, then a \
+                   machine that fills them";
+        assert_eq!(p.unplaced, [Unplaced { worker: w.id, reason: why.into() }]);
+        assert_eq!(p.wake_at, Some(until));
+        assert!(p.staged.is_empty(), "nothing is filled ahead for a worker that waits for its data");
+
+        // Then it goes where it fits, cold; so at once without the decision, or when the holder
+        // could never take it.
+        let cold_now = |s: &Snapshot, at, policy: &Policy| {
+            let p = plan(s, at, policy);
+            p.binds.iter().map(|b| (b.machine, b.released)).collect::<Vec<_>>()
+        };
+        assert_eq!(cold_now(&s, until, &Policy::default()), [(id(102), false)]);
+        let never =
+            Policy { decisions: Decisions { wait_for_warm: false, ..Decisions::ALL }, ..Policy::default() };
+        assert_eq!(cold_now(&s, now(), &never), [(id(102), false)]);
+        let mut small = s.clone();
+        small.machines[0].gpus_total = 2;
+        assert_eq!(cold_now(&small, now(), &Policy::default()), [(id(102), false)]);
     }
 
     #[test]

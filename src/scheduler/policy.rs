@@ -40,6 +40,10 @@ pub struct Decisions {
     /// Among machines with as many copies, prefer the one whose data could be whole soonest:
     /// its copies' bytes left and its measured fill rate.
     pub expected_start: bool,
+    /// A worker whose drives are whole on a machine that is full now waits for that machine,
+    /// Pending, for as long as filling them elsewhere would take, before it goes there cold
+    /// (delay scheduling): waiting holds no GPU, filling does.
+    pub wait_for_warm: bool,
 }
 
 impl Decisions {
@@ -49,6 +53,7 @@ impl Decisions {
         stage_in: true,
         images: true,
         expected_start: true,
+        wait_for_warm: true,
     };
     pub const NONE: Decisions = Decisions {
         queue_eviction: false,
@@ -56,6 +61,7 @@ impl Decisions {
         stage_in: false,
         images: false,
         expected_start: false,
+        wait_for_warm: false,
     };
 }
 

@@ -39,9 +39,11 @@ pub fn simulate(trace: &Trace, policy: &Policy) -> anyhow::Result<Figures> {
     let mut now: Ms = 0;
     // A pass placed a full batch: more may fit at the next step even if nothing else happens.
     let mut more = false;
+    // When a worker that waits for a warm machine stops waiting: a pass is due then.
+    let mut wake: Option<Ms> = None;
     loop {
         let arrival = world.runs.get(next_run).map(|r| r.arrival);
-        let next = [arrival, world.next_end().map(|e| e.0), world.fills.next_done().map(|f| f.0)]
+        let next = [arrival, world.next_end().map(|e| e.0), world.fills.next_done().map(|f| f.0), wake]
             .into_iter()
             .flatten()
             .min();
@@ -52,7 +54,10 @@ pub fn simulate(trace: &Trace, policy: &Policy) -> anyhow::Result<Figures> {
         };
         // Only what frees resources or brings work lets a Pending worker start: a copy made
         // whole starts the workers bound to it, which the fill controller does, not a pass.
-        let mut changed = more;
+        let mut changed = more || wake.is_some_and(|t| t <= step);
+        if changed {
+            wake = None;
+        }
         // Every event up to the step, in time order; at one instant, ends, then fills, then arrivals.
         loop {
             let end = world.next_end().filter(|e| e.0 <= step);
@@ -92,7 +97,9 @@ pub fn simulate(trace: &Trace, policy: &Policy) -> anyhow::Result<Figures> {
             let mut whole = batch.waiting > 0;
             views.show(&world, &batch.workers, whole);
             let mut plan = plan_with_room(&world, &mut views, now, policy, &mut work);
-            if policy.decisions.stage_in && !whole && !plan.unplaced.is_empty() {
+            // Only a worker that fits nowhere may have its drives filled ahead.
+            let fit_nowhere = plan.unplaced.iter().any(|u| !plan.warm_waits.contains(&u.worker));
+            if policy.decisions.stage_in && !whole && fit_nowhere {
                 whole = true;
                 views.show(&world, &batch.workers, whole);
                 plan = plan_with_room(&world, &mut views, now, policy, &mut work);
@@ -100,6 +107,10 @@ pub fn simulate(trace: &Trace, policy: &Policy) -> anyhow::Result<Figures> {
             work.whole += u64::from(whole);
             apply::pass(&mut world, &plan, now)?;
             work.passes += 1;
+            if let Some(at) = plan.wake_at {
+                let at = snapshot::instant(at).max(now + 1);
+                wake = Some(wake.map_or(at, |w| w.min(at)));
+            }
             more = batch.workers.len() == snapshot::BATCH && !plan.binds.is_empty();
         }
     }

@@ -30,6 +30,7 @@ pub const POLICIES: &[Named] = &[
     ("astraeus_no_queue_eviction", |_| product(|d| d.queue_eviction = false)),
     ("astraeus_no_refill_cost", |_| product(|d| d.refill_cost = false)),
     ("astraeus_no_expected_start", |_| product(|d| d.expected_start = false)),
+    ("astraeus_no_wait_for_warm", |_| product(|d| d.wait_for_warm = false)),
     ("random", |seed| baseline(Scoring::Random { seed })),
     ("image_locality", |_| baseline(Scoring::ImageLocality)),
 ];
@@ -39,7 +40,10 @@ pub type Named = (&'static str, fn(u64) -> Policy);
 
 /// A baseline: the product but for its score, without stage-in.
 fn baseline(scoring: Scoring) -> Policy {
-    Policy { scoring, decisions: Decisions { stage_in: false, ..Policy::PRODUCT.decisions } }
+    Policy {
+        scoring,
+        decisions: Decisions { stage_in: false, wait_for_warm: false, ..Policy::PRODUCT.decisions },
+    }
 }
 
 /// The product's policy with its decisions changed by `change`.

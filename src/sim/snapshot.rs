@@ -22,6 +22,11 @@ pub fn time(t: Ms) -> DateTime<Utc> {
     Utc.with_ymd_and_hms(2026, 1, 5, 0, 0, 0).unwrap() + Duration::milliseconds(t)
 }
 
+/// The simulated instant of `at`: [`time`]'s inverse.
+pub fn instant(at: DateTime<Utc>) -> Ms {
+    (at - time(0)).num_milliseconds()
+}
+
 fn fits(m: &Machine, (gpus, cpu, memory): Shape) -> bool {
     m.gpus_free >= gpus && m.cpu_free >= cpu && m.memory_free >= memory
 }

@@ -186,7 +186,7 @@ async fn a_pull_cut_by_a_restart_of_the_receiving_agent_resumes_from_the_chunks_
     // The first chunk is whole and checked; the agent restarts mid-pull.
     wait_received(&cluster, "gpu-02", "default.big", "blob", CHUNK + 1_000_000).await;
     cluster.restart("gpu-02").await;
-    assert!(received(&cluster, "gpu-02", "default.big", "blob") > CHUNK, "what was received stays");
+    assert!(received(&cluster, "gpu-02", "default.big", "blob") >= CHUNK, "what was received stays");
 
     api.wait_completed("second").await;
     let pulled = api.events_with("worker/fill-big-gpu-02-0", "Pulled").await;

@@ -72,6 +72,11 @@ impl Images {
 
     fn in_hand(&self, image: &Image) -> bool {
         let held = self.held.lock().expect("not poisoned");
+        // An image being pulled may be listed before it is named: while a worker holds any
+        // image, one without a name may be the one it pulls.
+        if image.names.is_empty() && !held.is_empty() {
+            return true;
+        }
         image.names.iter().any(|n| held.get(n).is_some_and(|&count| count > 0))
     }
 
@@ -234,6 +239,14 @@ mod tests {
         assert!(state.in_hand(&a), "still held by the second worker");
         drop(second);
         assert!(!state.in_hand(&a));
+
+        // An image listed without a name may be one being pulled: kept while any is held.
+        let unnamed = Image { names: vec![], ..image("c", 100, 30, 0) };
+        assert!(!state.in_hand(&unnamed));
+        let pulling = state.hold("docker.io/library/c:1");
+        assert!(state.in_hand(&unnamed));
+        drop(pulling);
+        assert!(!state.in_hand(&unnamed));
     }
 
     #[test]

@@ -166,6 +166,14 @@ export function DrivePage({ name }: { name: string }) {
                           ) : (
                             <StateBadge state={c.state} />
                           )}
+                          {c.lost_files ? (
+                            <span class="muted" title={c.lost_files.named.join('\n')}>
+                              {' '}
+                              lost {c.lost_files.count === 1 ? '1 file' : `${c.lost_files.count} files`}:{' '}
+                              <code class="path">{c.lost_files.named[0]}</code>
+                              {c.lost_files.count > 1 ? ' …' : ''}
+                            </span>
+                          ) : null}
                         </td>
                         <td>
                           <Time iso={c.last_used_at} />

@@ -218,7 +218,7 @@ fn check_images(images: &[ImageReport]) -> Result<(), ApiError> {
 /// What a copy lost, as its drive's event says it: `lost 2 files since it was filled (a, b): …`.
 fn lost_files(lost: &LostFiles) -> String {
     const SHOWN: usize = 3;
-    let files = if lost.count == 1 { "1 file".to_owned() } else { format!("{} files", lost.count) };
+    let files = lost.files();
     let shown: Vec<&str> = lost.named.iter().take(SHOWN).map(|p| cut(p)).collect();
     let more = match lost.count.saturating_sub(shown.len() as u64) {
         0 => String::new(),

@@ -34,6 +34,11 @@ impl LostFiles {
     /// The longest path named, in bytes.
     pub const MAX_PATH_BYTES: usize = 4096;
 
+    /// `1 file`, `3 files`.
+    pub fn files(&self) -> String {
+        if self.count == 1 { "1 file".to_owned() } else { format!("{} files", self.count) }
+    }
+
     /// Why an agent's report of lost files cannot be taken, and the field (under its own) at fault.
     pub fn invalid(&self) -> Option<(String, String)> {
         if self.named.is_empty() || self.named.len() > Self::NAMED {

@@ -252,6 +252,10 @@ impl Holder {
             }
             Some(_) => {}
         }
+        if let Some(lost) = self.manifests.lost(folder, Some(grant.drive)) {
+            let why = format!("the copy of {folder} here lost {} since it was filled", lost.files());
+            return Err(conflict(why));
+        }
         let digest = Digest::parse(&grant.manifest).map_err(|why| Refusal(StatusCode::FORBIDDEN, why))?;
         if self.manifests.digest(folder, Some(grant.drive)) != Some(digest) {
             let why = format!(

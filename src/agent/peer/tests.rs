@@ -36,6 +36,7 @@ struct Source {
     budget: Arc<AtomicI64>,
     /// A client of the port: over HTTPS, it trusts the port's CA.
     http: reqwest::Client,
+    manifests: Arc<Manifests>,
 }
 
 /// The copy: a file of three chunks, small ones, an empty one and an empty folder.
@@ -94,7 +95,7 @@ impl Source {
         *shared.data_location.lock().unwrap() = Some(dir.path().to_path_buf());
         let pem = Keys::generate_pem().unwrap();
         let trusted = Arc::new(TrustedKeys::fixed(Keys::from_pem(&pem).unwrap().public()));
-        let holder = Arc::new(Holder::new(machine, shared, manifests, trusted, &limits));
+        let holder = Arc::new(Holder::new(machine, shared, manifests.clone(), trusted, &limits));
         let budget = Arc::new(AtomicI64::new(i64::MAX));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = serve::address(listener.local_addr().unwrap(), tls.is_some());
@@ -109,7 +110,7 @@ impl Source {
             }
         }
         let keys = Keys::from_pem(&pem).unwrap();
-        Source { dir, url, machine, drive, digest, keys, budget, http: reqwest::Client::new() }
+        Source { dir, url, machine, drive, digest, keys, budget, http: reqwest::Client::new(), manifests }
     }
 
     async fn new() -> Source {
@@ -336,6 +337,25 @@ async fn a_cancelled_pull_resumes_where_it_stopped() {
     let report = receiver.pull(&source.order(), &PullLimits::default()).await.unwrap();
     assert!(report.kept >= CHUNK_BYTES, "{report:?}");
     assert!(receiver.copy().join(MARKER).exists());
+}
+
+#[tokio::test]
+async fn a_holders_copy_that_lost_a_file_is_not_served() {
+    let source = Source::new().await;
+    std::fs::remove_file(source.copy().join("meta/labels.txt")).unwrap();
+    let (sizes, mut measurer) =
+        (crate::agent::sizes::Sizes::default(), crate::agent::sizes::Measurer::default());
+    measurer.pass(source.dir.path(), &sizes, 1_000);
+    keep::pass(&source.manifests, source.dir.path(), &sizes, &CancellationToken::new());
+    let receiver = Receiver::new();
+    let err = receiver.pull(&source.order(), &PullLimits::default()).await.unwrap_err();
+    match err {
+        PullError::Refused { status: 409, message } => {
+            assert!(message.contains("lost 1 file since it was filled"), "{message}")
+        }
+        other => panic!("{other}"),
+    }
+    assert!(!receiver.copy().exists());
 }
 
 #[tokio::test]

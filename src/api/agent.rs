@@ -292,7 +292,7 @@ async fn heartbeat(
         bytes: req.copies.iter().map(|c| clamp(c.bytes)).collect(),
         complete: req.copies.iter().map(|c| c.complete).collect(),
         measured: req.copies.iter().map(|c| c.measured).collect(),
-        lost: req.copies.iter().map(|c| c.lost.as_ref().and_then(|l| serde_json::to_value(l).ok())).collect(),
+        lost: req.copies.iter().map(|c| c.lost.clone().map(sqlx::types::Json)).collect(),
         manifests: req.copies.iter().map(|c| c.manifest.clone()).collect(),
     };
     let generation = app.hub.beats.generation(caller.id);
@@ -330,8 +330,9 @@ async fn heartbeat(
             let drives: Vec<Uuid> = copies.completed.iter().map(|(d, _)| *d).collect();
             store::copies::touch_used_pairs(&mut *tx, &vec![caller.id; drives.len()], &drives).await?;
         }
-        hub::request_schedule(&mut *tx).await?;
-    } else if copies.measured {
+    }
+    // A copy made whole starts its workers; one measured whole may free room its hint held.
+    if !copies.completed.is_empty() || copies.measured {
         hub::request_schedule(&mut *tx).await?;
     }
     let beat = store::machines::heartbeat(&mut *tx, caller.id, &usage)

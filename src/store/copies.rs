@@ -427,8 +427,8 @@ pub struct Reported {
     pub complete: Vec<bool>,
     /// Whether a complete copy's bytes were measured whole.
     pub measured: Vec<bool>,
-    /// What a copy that was whole lost, as JSON.
-    pub lost: Vec<Option<serde_json::Value>>,
+    /// What a copy that was whole lost.
+    pub lost: Vec<Option<Json<LostFiles>>>,
     /// The digest of each whole copy's manifest, once made.
     pub manifests: Vec<Option<String>>,
 }
@@ -451,7 +451,8 @@ pub async fn reconcile(tx: &mut PgConnection, machine: Uuid, r: &Reported) -> sq
     // a drive deleted and made again under the same name is never the new drive's copy, and is
     // named for deletion. The copies the agent no longer has, which no reported folder holds,
     // change in the same statement: evicted ones are gone; whole ones must be filled again.
-    let rows: Vec<(String, Option<Uuid>, Option<CopyState>, i64)> = sqlx::query_as(
+    type Row = (String, Option<Uuid>, Option<CopyState>, i64, bool, Option<Json<LostFiles>>);
+    let rows: Vec<Row> = sqlx::query_as(
         "WITH r AS (SELECT * FROM unnest($2::text[], $3::bigint[], $4::bool[], $5::uuid[], $7::text[], $8::bool[],
                                          $9::jsonb[])
                     AS r(folder, bytes, complete, reported_id, manifest, measured, lost)),
@@ -491,7 +492,8 @@ pub async fn reconcile(tx: &mut PgConnection, machine: Uuid, r: &Reported) -> sq
          lost AS (UPDATE copies c SET state = 'Filling', bytes = 0, bytes_at = NULL, progress_bytes = 0,
                       progress_at = NULL, manifest = NULL FROM missing
                   WHERE c.id = missing.id AND missing.state = 'Complete')
-         SELECT d.folder, d.drive_id, up.state, d.bytes FROM d LEFT JOIN up ON up.drive_id = d.drive_id",
+         SELECT d.folder, d.drive_id, up.state, d.bytes, d.measured, d.lost
+         FROM d LEFT JOIN up ON up.drive_id = d.drive_id",
     )
     .bind(machine)
     .bind(&r.folders)
@@ -504,23 +506,15 @@ pub async fn reconcile(tx: &mut PgConnection, machine: Uuid, r: &Reported) -> sq
     .bind(&r.lost)
     .fetch_all(&mut *tx)
     .await?;
-    let reported: std::collections::HashMap<&str, bool> =
-        r.folders.iter().map(String::as_str).zip(r.measured.iter().copied()).collect();
-    let lost: std::collections::HashMap<&str, &serde_json::Value> =
-        r.folders.iter().zip(&r.lost).filter_map(|(f, l)| Some((f.as_str(), l.as_ref()?))).collect();
     let mut out = Reconciled::default();
-    for (folder, drive, state, bytes) in rows {
+    for (folder, drive, state, bytes, measured, lost) in rows {
         let was = drive.and_then(|d| before.get(&d));
         let was_incomplete = was.is_some_and(|(s, _)| *s != CopyState::Complete);
-        if let (Some((CopyState::Complete, false)), Some(CopyState::Complete)) = (was, state)
-            && reported.get(folder.as_str()) == Some(&true)
-        {
-            out.measured = true;
+        if let (Some((CopyState::Complete, false)), Some(CopyState::Complete)) = (was, state) {
+            out.measured |= measured;
         }
-        if let (Some(d), Some((CopyState::Complete, _)), Some(l)) = (drive, was, lost.get(folder.as_str()))
-            && let Ok(l) = serde_json::from_value::<LostFiles>((*l).clone())
-        {
-            out.lost.push((d, l));
+        if let (Some(d), Some((CopyState::Complete, _)), Some(Json(lost))) = (drive, was, lost) {
+            out.lost.push((d, lost));
         }
         match (drive, state) {
             (Some(d), Some(CopyState::Complete)) if was_incomplete => out.completed.push((d, bytes)),

@@ -437,14 +437,25 @@ fn names(store: &OwnedFd) -> Vec<String> {
     names
 }
 
-/// The drive a manifest on disk was made for, from its header, and its digest.
-fn stored(store: &OwnedFd, name: &str) -> Option<(Uuid, Digest)> {
+/// The manifest `name` in the store, opened without following a link.
+pub(super) fn open_stored(store: &OwnedFd, name: &str) -> Option<File> {
     let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NONBLOCK;
-    let mut reader = BufReader::new(File::from(rustix::fs::openat(store, name, flags, Mode::empty()).ok()?));
+    rustix::fs::openat(store, name, flags, Mode::empty()).ok().map(File::from)
+}
+
+/// A stored manifest's header, and the line it was read from.
+pub(super) fn read_header(reader: &mut impl BufRead) -> Option<(Header, Vec<u8>)> {
     let mut first = vec![];
     // A header is well under a kilobyte.
     reader.by_ref().take(4096).read_until(b'\n', &mut first).ok()?;
     let header: Header = serde_json::from_slice(first.strip_suffix(b"\n")?).ok()?;
+    Some((header, first))
+}
+
+/// The drive a manifest on disk was made for, from its header, and its digest.
+fn stored(store: &OwnedFd, name: &str) -> Option<(Uuid, Digest)> {
+    let mut reader = BufReader::new(open_stored(store, name)?);
+    let (header, first) = read_header(&mut reader)?;
     let mut hasher = blake3::Hasher::new();
     hasher.update(&first);
     io::copy(&mut reader, &mut hasher).ok()?;

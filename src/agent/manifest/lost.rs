@@ -5,13 +5,10 @@
 //! no longer whole, with what it lost, and it is filled again when next needed.
 
 use std::collections::HashMap;
-use std::fs::File;
-use std::io::{BufRead, BufReader, Read};
+use std::io::BufReader;
 use std::os::fd::OwnedFd;
 
-use rustix::fs::{Mode, OFlags};
-
-use super::{Digest, Header, Manifest, check, walk};
+use super::{Digest, Manifest, check, keep, walk};
 use crate::agent::sizes::Sizes;
 use crate::protocol::LostFiles;
 
@@ -47,24 +44,7 @@ impl Lost {
         self.found.remove(folder);
     }
 
-    /// Keeps only what is known of `kept`'s folders.
-    pub(super) fn retain(&mut self, kept: &HashMap<String, (uuid::Uuid, Digest)>) {
-        self.listed.retain(|f, (d, _)| kept.get(f).is_some_and(|(_, k)| k == d));
-        self.found.retain(|f, (d, ..)| kept.get(f).is_some_and(|(_, k)| k == d));
-    }
-}
-
-/// What to do about a copy whose manifest is `digest`, measured whole at `measured`.
-pub(super) enum Next {
-    /// Nothing: compared already at this measure, or the header is to be read first.
-    Known,
-    /// Its header's totals, to be read from the store.
-    ReadTotals,
-    /// Compare the copy with its manifest: the totals differ.
-    Compare,
-}
-
-impl Lost {
+    /// What to do next about `folder`, whose manifest is `digest`, measured at `measured`.
     pub(super) fn next(&mut self, folder: &str, digest: &Digest, measured: Totals) -> Next {
         let Some((_, listed)) = self.listed.get(folder).filter(|(d, _)| d == digest) else {
             return Next::ReadTotals;
@@ -79,13 +59,31 @@ impl Lost {
         Next::Compare
     }
 
+    /// Records the totals in the header of `folder`'s manifest `digest`.
     pub(super) fn listed(&mut self, folder: &str, digest: &Digest, totals: Totals) {
         self.listed.insert(folder.to_owned(), (*digest, totals));
     }
 
+    /// Records what comparing `folder` with its manifest `digest` at `measured` found.
     pub(super) fn found(&mut self, folder: &str, digest: &Digest, measured: Totals, lost: Option<LostFiles>) {
         self.found.insert(folder.to_owned(), (*digest, measured, lost));
     }
+
+    /// Keeps only what is known of `kept`'s folders.
+    pub(super) fn retain(&mut self, kept: &HashMap<String, (uuid::Uuid, Digest)>) {
+        self.listed.retain(|f, (d, _)| kept.get(f).is_some_and(|(_, k)| k == d));
+        self.found.retain(|f, (d, ..)| kept.get(f).is_some_and(|(_, k)| k == d));
+    }
+}
+
+/// What to do about a copy whose manifest is `digest`, measured whole at `measured`.
+pub(super) enum Next {
+    /// Nothing: compared already at this measure, or the measure matches the header.
+    Known,
+    /// Its header's totals, to be read from the store.
+    ReadTotals,
+    /// Compare the copy with its manifest: the totals differ.
+    Compare,
 }
 
 /// The copy's latest measure, when its walk counted the whole copy.
@@ -96,11 +94,7 @@ pub(super) fn measured(sizes: &Sizes, folder: &str) -> Option<Totals> {
 
 /// The totals in the header of the manifest `name` in the store.
 pub(super) fn header(store: &OwnedFd, name: &str) -> Option<Totals> {
-    let mut reader = BufReader::new(open(store, name)?);
-    let mut first = vec![];
-    // A header is well under a kilobyte.
-    reader.by_ref().take(4096).read_until(b'\n', &mut first).ok()?;
-    let header: Header = serde_json::from_slice(first.strip_suffix(b"\n")?).ok()?;
+    let (header, _) = keep::read_header(&mut BufReader::new(keep::open_stored(store, name)?))?;
     Some(Totals { files: header.files, bytes: header.bytes })
 }
 
@@ -114,7 +108,8 @@ pub(super) fn compare(
     name: &str,
     digest: &Digest,
 ) -> Result<Option<LostFiles>, String> {
-    let mut file = open(store, name).ok_or_else(|| format!("cannot open the manifest of {folder}"))?;
+    let mut file =
+        keep::open_stored(store, name).ok_or_else(|| format!("cannot open the manifest of {folder}"))?;
     let manifest = Manifest::read(&mut file, digest).map_err(|e| e.to_string())?;
     let root = walk::open_dir(drives, folder).map_err(|e| format!("cannot open {folder}: {e}"))?;
     let check = check::sizes(root, &manifest)?;
@@ -130,12 +125,20 @@ fn lost(missing: Vec<String>, wrong_size: Vec<String>) -> Option<LostFiles> {
     paths.sort_unstable();
     let count = paths.len() as u64;
     paths.truncate(NAMED);
-    Some(LostFiles { count, named: paths })
+    Some(LostFiles { count, named: paths.iter().map(|p| shown(p)).collect() })
 }
 
-fn open(store: &OwnedFd, name: &str) -> Option<File> {
-    let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NONBLOCK;
-    rustix::fs::openat(store, name, flags, Mode::empty()).ok().map(File::from)
+/// A path as the server takes it: a fill names its files, and a name with a control character
+/// or of the longest length, escaped, would have the whole heartbeat refused.
+fn shown(path: &str) -> String {
+    let escaped: String = path
+        .chars()
+        .flat_map(|c| match c.is_control() {
+            true => c.escape_default().collect::<Vec<_>>(),
+            false => vec![c],
+        })
+        .collect();
+    escaped[..escaped.floor_char_boundary(LostFiles::MAX_PATH_BYTES)].to_owned()
 }
 
 #[cfg(test)]
@@ -151,6 +154,11 @@ mod tests {
         let found = lost(many, vec![]).unwrap();
         assert_eq!((found.count, found.named.len()), (30, NAMED));
         assert_eq!(found.named[0], "f00");
+        // Whatever a fill named its files, the report is one the server takes.
+        let odd = lost(vec!["a\nb".into(), "\u{1b}".repeat(4000)], vec![]).unwrap();
+        assert_eq!(odd.named[0], "\\u{1b}".repeat(4096 / 6) + "\\u{1");
+        assert_eq!(odd.named[1], "a\\nb");
+        assert_eq!(odd.invalid(), None, "{odd:?}");
     }
 
     #[test]

@@ -162,6 +162,8 @@ pub struct Shared {
     pub data_location: Mutex<Option<PathBuf>>,
     /// Where this agent serves its whole copies to peers, once it does.
     pub data_address: OnceLock<String>,
+    /// The copies being pulled from peers, which the data port serves on as they land.
+    pub relays: Arc<peer::Relays>,
     /// The last location refused, so that it is logged once, not at every heartbeat.
     refused: Mutex<Option<String>>,
 }
@@ -518,7 +520,7 @@ async fn assignment_loop(
             let hold = manifests.hold(data.as_deref(), a);
             let (client, machine, data, finished, a) =
                 (client.clone(), machine.clone(), data.clone(), finished.clone(), (*a).clone());
-            let manifests = manifests.clone();
+            let (manifests, shared) = (manifests.clone(), shared.clone());
             let id = *id;
             workers.spawn(async move {
                 match a.peer.clone() {
@@ -526,6 +528,7 @@ async fn assignment_loop(
                         let fill = peer::fill::Fill {
                             client: &client,
                             manifests: &manifests,
+                            relays: &shared.relays,
                             limits: &machine.pulls,
                         };
                         fill.run(&a, &source, data, token).await;

@@ -292,6 +292,7 @@ async fn pull_alone(
             data,
             &manifests,
             &peer::pull::PullLimits::default(),
+            None,
             &CancellationToken::new(),
         )
         .await

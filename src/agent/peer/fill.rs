@@ -15,6 +15,7 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use super::pull::{Order, PullError, PullLimits, PullReport, pull};
+use super::relay::{Relay, Relays};
 use crate::agent::client::{self, Client};
 use crate::agent::manifest::{Digest, Manifests};
 use crate::agent::worker;
@@ -38,6 +39,8 @@ pub struct Fill<'a> {
     /// The server: status reports and fresh transfer tokens.
     pub client: &'a Client,
     pub manifests: &'a Arc<Manifests>,
+    /// Where the copy being pulled is entered, for the data port to serve it on as it lands.
+    pub relays: &'a Arc<Relays>,
     pub limits: &'a PullLimits,
 }
 
@@ -79,12 +82,15 @@ impl Fill<'_> {
         let Some(dir) = data_location else {
             return worker::fail(self.client, a, "this machine has no confirmed data location").await;
         };
+        // Entered before the server hears it started: from then on it may name this machine
+        // as the source of another copy.
+        let relay = self.relays.enter(&order.folder, order.drive_id, order.digest);
         // The server saw it start: an agent that restarted pulls again, keeping what it has.
         if a.state != WorkerState::Running && !self.started(a, source, &order).await {
             return;
         }
         tracing::info!(worker = %a.name, folder = %order.folder, from = %source.machine, "pulling a copy from a peer");
-        match self.pull(a.uid, order, &dir, &stop).await {
+        match self.pull(a.uid, order, &dir, Some(&relay), &stop).await {
             Ok(report) => {
                 tracing::info!(worker = %a.name, received = report.received, kept = report.kept, "pulled a copy from a peer");
                 let message = format!(
@@ -129,12 +135,14 @@ impl Fill<'_> {
         }
     }
 
-    /// Pulls `order` into `dir` for the fill `worker`, again while that may succeed.
+    /// Pulls `order` into `dir` for the fill `worker`, again while that may succeed, marking
+    /// its progress in `relay`.
     pub async fn pull(
         &self,
         worker: Uuid,
         mut order: Order,
         dir: &Path,
+        relay: Option<&Relay>,
         cancel: &CancellationToken,
     ) -> Result<PullReport, PullError> {
         let (mut transfers, mut fresh, mut busy, mut backoff) = (1, 0, Duration::ZERO, BACKOFF);
@@ -144,7 +152,7 @@ impl Fill<'_> {
             wait
         };
         loop {
-            let err = match pull(&order, dir, self.manifests, self.limits, cancel).await {
+            let err = match pull(&order, dir, self.manifests, self.limits, relay, cancel).await {
                 Ok(report) => return Ok(report),
                 Err(e) => e,
             };

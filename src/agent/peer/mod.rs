@@ -6,7 +6,8 @@
 //! on a data port of its own ([`serve`]), checking tokens with the server's public keys
 //! ([`keys`]); the receiver ([`pull`]) checks what it is sent against the manifest, chunk by
 //! chunk, resumes where a cut transfer stopped, and moves the copy into place with its marker
-//! last. Both sides bound their byte rate ([`rate`]). The data port may serve HTTPS, and a pull
+//! last. A copy being received serves what it has checked on to the next machine ([`relay`]).
+//! Both sides bound their byte rate ([`rate`]). The data port may serve HTTPS, and a pull
 //! from it then verifies the holder's certificate ([`tls`]). A fill the server gives a peer runs
 //! no container: it pulls ([`fill`]).
 
@@ -18,6 +19,7 @@ pub mod order;
 pub mod pull;
 pub mod rate;
 mod receive;
+pub mod relay;
 pub mod serve;
 #[cfg(test)]
 mod tests;
@@ -26,6 +28,7 @@ pub mod tls;
 pub use keys::TrustedKeys;
 pub use pull::{Order, PullError, PullLimits, PullReport, pull};
 pub use rate::Rate;
+pub use relay::Relays;
 pub use serve::{Holder, ServeLimits};
 pub use tls::Trust;
 

@@ -20,6 +20,7 @@ use super::beneath::{self, Dirs};
 pub use super::order::{Order, PullError, PullLimits, PullReport};
 use super::order::{blocking, disk_error};
 use super::receive::{self, Fetch};
+use super::relay::{Relay, Staged};
 use super::{RECEIVED_MANIFEST, STAGING};
 use crate::agent::disk::{self, MARKER};
 use crate::agent::layout;
@@ -33,12 +34,14 @@ const PRUNE_ROUNDS: usize = 130;
 /// Pulls `order`'s copy into `data_dir`'s `drives/<folder>` and keeps its manifest in
 /// `manifests`, its digest known at once. Idempotent: a copy already whole there, with this
 /// manifest, is left as it is. On error, nothing is in the copy's place that was not there
-/// before, and what was received stays beside it for the next pull to resume.
+/// before, and what was received stays beside it for the next pull to resume. With `relay`,
+/// what is checked and written is marked there as it lands, for the data port to pass on.
 pub async fn pull(
     order: &Order,
     data_dir: &Path,
     manifests: &Arc<Manifests>,
     limits: &PullLimits,
+    relay: Option<&Relay>,
     cancel: &CancellationToken,
 ) -> Result<PullReport, PullError> {
     let folder = order.folder.as_str();
@@ -49,15 +52,29 @@ pub async fn pull(
     mounts::make_beneath(data_dir, "drives").map_err(PullError::Disk)?;
     let drives = Arc::new(layout::open_drives(data_dir).ok_or_else(|| disk_error("cannot open drives/"))?);
     if already_whole(order, &drives, manifests) {
+        if let Some(relay) = relay {
+            relay.whole();
+        }
         return Ok(PullReport::default());
     }
-    let manifest = Arc::new(fetch_manifest(&fetch, order, &drives).await?);
+    let (manifest, manifest_file) = match relay.and_then(Relay::staged_now) {
+        // A pull again takes up the manifest the last one received, which may be being served.
+        Some(staged) => (staged.manifest.clone(), staged.manifest_file.clone()),
+        None => {
+            let (manifest, file) = fetch_manifest(&fetch, order, &drives).await?;
+            (Arc::new(manifest), file)
+        }
+    };
     let staging = format!("{STAGING}{folder}");
     let stage = {
         let (drives, manifest, staging) = (drives.clone(), manifest.clone(), staging.clone());
         let reserve = limits.reserve_bytes;
         blocking(move || prepare(&drives, &staging, &manifest, reserve)).await??
     };
+    if let Some(relay) = relay {
+        let root = rustix::io::dup(&stage).map_err(disk_error)?;
+        relay.stage(Staged { manifest: manifest.clone(), root, manifest_file });
+    }
     let dirs = Arc::new(Mutex::new(Dirs::new(stage)));
     let mut report = PullReport { files: manifest.files(), ..PullReport::default() };
     // Heartbeats report the copy with what it holds so far, file by file.
@@ -67,7 +84,10 @@ pub async fn pull(
         if cancel.is_cancelled() {
             return Err(PullError::Cancelled);
         }
-        let (kept, received) = receive::entry(&fetch, &dirs, &manifest, index).await?;
+        let (kept, received) = receive::entry(&fetch, &dirs, &manifest, index, relay).await?;
+        if let Some(relay) = relay {
+            relay.advance(index + 1, 0);
+        }
         report.kept += kept;
         report.received += received;
         manifests.pulling(folder, order.drive_id, report.kept + report.received);
@@ -78,6 +98,9 @@ pub async fn pull(
         finish(&order, &dir, &drives, &stage, &staging, &manifests)
     })
     .await??;
+    if let Some(relay) = relay {
+        relay.whole();
+    }
     Ok(report)
 }
 
@@ -101,8 +124,12 @@ fn already_whole(order: &Order, drives: &OwnedFd, manifests: &Manifests) -> bool
 }
 
 /// Fetches the manifest into `drives/.received-manifest-<folder>` and reads it once its digest
-/// is the order's and it names the order's drive.
-async fn fetch_manifest(fetch: &Fetch, order: &Order, drives: &Arc<OwnedFd>) -> Result<Manifest, PullError> {
+/// is the order's and it names the order's drive; with the file it is in.
+async fn fetch_manifest(
+    fetch: &Fetch,
+    order: &Order,
+    drives: &Arc<OwnedFd>,
+) -> Result<(Manifest, Arc<std::fs::File>), PullError> {
     let bad = |why: String| PullError::Manifest { folder: order.folder.clone(), why };
     let too_large = || bad(format!("larger than {MAX_MANIFEST_BYTES} bytes"));
     let response = fetch.get(&["manifest"], 0).await?;
@@ -116,16 +143,17 @@ async fn fetch_manifest(fetch: &Fetch, order: &Order, drives: &Arc<OwnedFd>) -> 
         .map_err(disk_error)?;
     let file = Arc::new(std::fs::File::from(fd));
     let bounded = |at: u64, piece: &[u8]| {
-        if at + piece.len() as u64 > MAX_MANIFEST_BYTES { Err(too_large()) } else { Ok(()) }
+        let end = at + piece.len() as u64;
+        if end > MAX_MANIFEST_BYTES { Err(too_large()) } else { Ok(end) }
     };
-    receive::download(fetch, response, &file, 0, bounded).await?;
-    let digest = order.digest;
-    let read = blocking(move || Manifest::read(&mut &*file, &digest)).await?;
+    receive::download(fetch, response, &file, 0, bounded, |_| {}).await?;
+    let (digest, read_from) = (order.digest, file.clone());
+    let read = blocking(move || Manifest::read(&mut &*read_from, &digest)).await?;
     let manifest = read.map_err(|e| bad(e.to_string()))?;
     if manifest.drive_id() != order.drive_id {
         return Err(bad(format!("it is of drive {}, not {}", manifest.drive_id(), order.drive_id)));
     }
-    Ok(manifest)
+    Ok((manifest, file))
 }
 
 /// Makes (or takes up again) the folder the copy is written into, removes what it holds that

@@ -14,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 use super::beneath::{self, Dirs};
 use super::order::{Order, PullError, PullLimits, blocking, disk_error};
 use super::rate::Rate;
+use super::relay::Relay;
 use super::tls;
 use crate::agent::manifest::{CHUNK_BYTES, Entry, Manifest};
 
@@ -146,17 +147,21 @@ fn chain(e: &dyn std::error::Error) -> String {
 }
 
 /// Receives entry `index` of `manifest` beneath the folder `dirs` walks: the bytes kept from
-/// an earlier pull, and those received.
+/// an earlier pull, and those received. What is checked and written is marked in `relay`.
 pub(super) async fn entry(
     fetch: &Fetch,
     dirs: &Arc<Mutex<Dirs>>,
     manifest: &Arc<Manifest>,
     index: usize,
+    relay: Option<&Relay>,
 ) -> Result<(u64, u64), PullError> {
     let (d, m) = (dirs.clone(), manifest.clone());
     let opened =
         blocking(move || open_entry(&mut d.lock().expect("not poisoned"), &m.entries()[index])).await??;
     let Some((file, kept)) = opened else { return Ok((0, 0)) };
+    if let Some(relay) = relay {
+        relay.advance(index, kept);
+    }
     let entry = &manifest.entries()[index];
     if kept == entry.size() {
         return Ok((kept, 0));
@@ -168,10 +173,17 @@ pub(super) async fn entry(
         return Err(differs());
     }
     let mut chunks = Chunks::new(entry, kept);
+    let landed = |at, piece: &[u8]| {
+        chunks.land(at, piece).ok_or_else(differs)?;
+        Ok(chunks.verified())
+    };
+    let written = |passable: u64| {
+        if let Some(relay) = relay {
+            relay.advance(index, passable);
+        }
+    };
     let file = Arc::new(file);
-    let received =
-        download(fetch, response, &file, kept, |at, piece| chunks.land(at, piece).ok_or_else(differs))
-            .await?;
+    let received = download(fetch, response, &file, kept, landed, written).await?;
     if kept + received != entry.size() {
         let why =
             format!("the answer for {} ended at byte {} of {}", entry.path(), kept + received, entry.size());
@@ -255,6 +267,11 @@ impl<'e> Chunks<'e> {
         Chunks { entry, index: (from / CHUNK_BYTES) as usize, at: from, hasher: blake3::Hasher::new() }
     }
 
+    /// The bytes from the file's start that are whole chunks checked.
+    fn verified(&self) -> u64 {
+        self.entry.chunk_span(self.index).map_or(self.entry.size(), |span| span.start)
+    }
+
     /// Takes `piece`, the bytes at `at`: `None` when they go past the file's end, or complete
     /// a chunk whose hash is not the listed one.
     fn land(&mut self, at: u64, mut piece: &[u8]) -> Option<()> {
@@ -280,17 +297,20 @@ impl<'e> Chunks<'e> {
 }
 
 /// Writes the body of `response` into `file` from byte `start`, each piece shown to `landed`
-/// (with its offset) before it is written; the bytes received. What arrived is written even
-/// when the body is cut, so a pull again keeps its whole chunks.
+/// (with its offset) before it is written; the bytes received. `landed` says how far from the
+/// file's start its bytes are checked, and after each write `passable` is told how far they
+/// are both checked and written. What arrived is written even when the body is cut, so a pull
+/// again keeps its whole chunks.
 pub(super) async fn download(
     fetch: &Fetch,
     response: reqwest::Response,
     file: &Arc<File>,
     start: u64,
-    mut landed: impl FnMut(u64, &[u8]) -> Result<(), PullError>,
+    mut landed: impl FnMut(u64, &[u8]) -> Result<u64, PullError>,
+    mut passable: impl FnMut(u64),
 ) -> Result<u64, PullError> {
     let mut body = response.bytes_stream();
-    let (mut at, mut written) = (start, start);
+    let (mut at, mut written, mut checked) = (start, start, start);
     let mut buf: Vec<u8> = Vec::with_capacity(WRITE_BYTES);
     let result = loop {
         let next = tokio::select! {
@@ -302,13 +322,15 @@ pub(super) async fn download(
             Some(Err(e)) => break Err(PullError::Transfer(chain(&e))),
             Some(Ok(piece)) => piece,
         };
-        if let Err(e) = landed(at, &piece) {
-            break Err(e);
+        match landed(at, &piece) {
+            Ok(through) => checked = through,
+            Err(e) => break Err(e),
         }
         at += piece.len() as u64;
         buf.extend_from_slice(&piece);
         if buf.len() >= WRITE_BYTES {
             buf = write(file, buf, &mut written).await?;
+            passable(written.min(checked));
         }
         if let Some(rate) = &fetch.rate {
             tokio::select! {
@@ -318,6 +340,7 @@ pub(super) async fn download(
         }
     };
     write(file, buf, &mut written).await?;
+    passable(written.min(checked));
     result.map(|()| at - start)
 }
 

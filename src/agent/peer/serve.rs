@@ -8,12 +8,16 @@
 //! manifest lists. No other path is ever opened, and that one beneath the copy's folder without
 //! following a link. `Range: bytes=N-` is answered with 206 so that a receiver resumes.
 //!
+//! A copy this machine is still receiving from a peer, with the token's drive and manifest, is
+//! served as it lands ([`super::relay`]): its manifest once received, and of each file what
+//! has been checked and written, the rest as it comes.
+//!
 //! Uploads are bounded in number (503 with Retry-After past it) and share one byte rate. The
 //! port serves HTTPS when given a certificate ([`super::tls`]), plain HTTP otherwise.
 
-use std::io::SeekFrom;
 use std::num::NonZeroU64;
 use std::os::fd::OwnedFd;
+use std::os::unix::fs::FileExt;
 use std::sync::{Arc, Mutex};
 
 use axum::body::{Body, Bytes};
@@ -23,7 +27,6 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
 use rustls::ServerConfig;
-use tokio::io::{AsyncReadExt, AsyncSeekExt};
 use tokio::sync::{OnceCell, OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
@@ -32,6 +35,7 @@ use super::beneath;
 use super::handshake;
 use super::keys::TrustedKeys;
 use super::rate::Rate;
+use super::relay::{Follow, Relay, Staged};
 use crate::agent::Shared;
 use crate::agent::layout;
 use crate::agent::manifest::{Digest, Manifest, Manifests, keep};
@@ -57,7 +61,7 @@ pub struct ServeLimits {
 pub struct Holder {
     /// This machine's id: a token naming another source is refused.
     machine: Uuid,
-    /// The confirmed data location, as the heartbeat keeps it.
+    /// The confirmed data location, as the heartbeat keeps it, and the copies being received.
     shared: Arc<Shared>,
     /// The digests of the copies' manifests, as heartbeats report them.
     manifests: Arc<Manifests>,
@@ -154,7 +158,13 @@ impl IntoResponse for Refusal {
     }
 }
 
-/// A copy the token grants, as found on disk.
+/// What a token grants.
+enum Served {
+    Whole(Copy),
+    Relay(Arc<Relay>),
+}
+
+/// A complete copy the token grants, as found on disk.
 struct Copy {
     drives: OwnedFd,
     root: OwnedFd,
@@ -167,13 +177,22 @@ async fn manifest(
     headers: HeaderMap,
 ) -> Result<Response, Refusal> {
     let grant = holder.authorize(&headers, &folder).await?;
-    let copy = holder.copy(&grant)?;
+    let copy = match holder.copy(&grant)? {
+        Served::Whole(copy) => copy,
+        Served::Relay(relay) => {
+            let permit = holder.permit()?;
+            let staged = holder.staged(&relay).await?;
+            let file = staged.manifest_file.clone();
+            let size = file.metadata().map_err(|e| conflict(format!("the manifest of {folder}: {e}")))?.len();
+            return Ok(holder.send(file, 0, size, None, permit));
+        }
+    };
     let permit = holder.permit()?;
     let store = beneath::open_dir(&copy.drives, keep::FOLDER);
     let opened = store.and_then(|store| beneath::open_file(&store, &keep::file_name(&folder)));
     let (file, size) =
         opened.map_err(|e| conflict(format!("the manifest of {folder} cannot be read here: {e}")))?;
-    Ok(holder.send(file, 0, size, permit).await)
+    Ok(holder.send(Arc::new(file), 0, size, None, permit))
 }
 
 async fn file(
@@ -182,29 +201,47 @@ async fn file(
     headers: HeaderMap,
 ) -> Result<Response, Refusal> {
     let grant = holder.authorize(&headers, &folder).await?;
-    let copy = holder.copy(&grant)?;
+    let served = holder.copy(&grant)?;
     let permit = holder.permit()?;
-    let manifest = holder.parsed(&folder, &copy).await?;
+    let manifest = match &served {
+        Served::Whole(copy) => holder.parsed(&folder, copy).await?,
+        Served::Relay(relay) => holder.staged(relay).await?.manifest.clone(),
+    };
     let entries = manifest.entries();
-    let listed = entries.binary_search_by(|e| e.path().cmp(&path)).ok().map(|i| &entries[i]);
-    let Some(entry) = listed.filter(|e| !e.is_dir()) else {
+    let listed = entries.binary_search_by(|e| e.path().cmp(&path)).ok();
+    let Some((index, entry)) = listed.map(|i| (i, &entries[i])).filter(|(_, e)| !e.is_dir()) else {
         return Err(Refusal(StatusCode::NOT_FOUND, format!("{path} is not a file of {folder}'s manifest")));
     };
     let start = range_start(&headers, entry.size())?;
     let differs = |why: String| {
         conflict(format!("the copy of {folder} here differs from its manifest at {path}: {why}"))
     };
-    let (parent, name) =
-        beneath::open_parent(&copy.root, entry.path()).map_err(|e| differs(e.to_string()))?;
+    let (root, follow) = match &served {
+        Served::Whole(copy) => (&copy.root, None),
+        Served::Relay(relay) => {
+            // The file is made when its turn comes: its first bytes past `start` are awaited.
+            let mut follow = relay.follow(index, entry.size());
+            tokio::select! {
+                _ = holder.closing.cancelled() => return Err(closing()),
+                ready = follow.ready(start) => ready.map_err(|e| conflict(format!("{folder}: {e}")))?,
+            };
+            (&holder.staged(relay).await?.root, Some(follow))
+        }
+    };
+    let (parent, name) = beneath::open_parent(root, entry.path()).map_err(|e| differs(e.to_string()))?;
     let (file, size) = beneath::open_file(&parent, name).map_err(|e| differs(e.to_string()))?;
-    if size != entry.size() {
+    if follow.is_none() && size != entry.size() {
         return Err(differs(format!("{size} bytes, not the {} listed", entry.size())));
     }
-    Ok(holder.send(file, start, size, permit).await)
+    Ok(holder.send(Arc::new(file), start, entry.size(), follow, permit))
 }
 
 fn conflict(message: String) -> Refusal {
     Refusal(StatusCode::CONFLICT, message)
+}
+
+fn closing() -> Refusal {
+    Refusal(StatusCode::SERVICE_UNAVAILABLE, "this machine's data port is closing".into())
 }
 
 impl Holder {
@@ -234,8 +271,31 @@ impl Holder {
         Ok(grant)
     }
 
-    /// The copy `grant` names, if it is here, complete, of the grant's drive and manifest.
-    fn copy(&self, grant: &TransferClaims) -> Result<Copy, Refusal> {
+    /// What `grant` names: this machine's copy in its folder, complete, of the grant's drive
+    /// and manifest; or else that copy being received, with that manifest.
+    fn copy(&self, grant: &TransferClaims) -> Result<Served, Refusal> {
+        let whole = self.whole(grant);
+        match self.shared.relays.get(&grant.folder) {
+            Some(relay) if whole.is_err() => {
+                if relay.drive != grant.drive {
+                    let why = format!(
+                        "the copy of {} here is received for another drive than the token's",
+                        grant.folder
+                    );
+                    return Err(Refusal(StatusCode::FORBIDDEN, why));
+                }
+                if relay.digest.to_string() != grant.manifest {
+                    let why = format!("the copy of {} here is received with another manifest", grant.folder);
+                    return Err(conflict(why));
+                }
+                Ok(Served::Relay(relay))
+            }
+            _ => whole.map(Served::Whole),
+        }
+    }
+
+    /// The complete copy `grant` names, if it is here, of the grant's drive and manifest.
+    fn whole(&self, grant: &TransferClaims) -> Result<Copy, Refusal> {
         let folder = grant.folder.as_str();
         let missing = || Refusal(StatusCode::NOT_FOUND, format!("no copy of {folder} here"));
         let dir = self.shared.data_location.lock().expect("not poisoned").clone().ok_or_else(missing)?;
@@ -306,20 +366,26 @@ impl Holder {
             .map_err(|why| conflict(format!("the manifest of {folder} cannot be read here: {why}")))
     }
 
-    /// Answers with bytes `start..size` of `file`, at the shared rate, holding `permit` until
-    /// the last is sent or the receiver goes.
-    async fn send(
+    /// Where `relay`'s copy is received, once it is.
+    async fn staged<'r>(&self, relay: &'r Relay) -> Result<&'r Staged, Refusal> {
+        tokio::select! {
+            _ = self.closing.cancelled() => Err(closing()),
+            staged = relay.staged() => staged.map_err(|e| conflict(format!("{} here: {e}", relay.folder()))),
+        }
+    }
+
+    /// Answers with bytes `start..size` of `file` (as `follow` allows, for a file being
+    /// received), at the shared rate, holding `permit` until the last is sent or the receiver
+    /// goes.
+    fn send(
         &self,
-        file: std::fs::File,
+        file: Arc<std::fs::File>,
         start: u64,
         size: u64,
+        follow: Option<Follow>,
         permit: OwnedSemaphorePermit,
     ) -> Response {
-        let mut file = tokio::fs::File::from_std(file);
-        if start > 0 && file.seek(SeekFrom::Start(start)).await.is_err() {
-            return conflict("cannot read the file here".into()).into_response();
-        }
-        let state = Upload { file, left: size - start, rate: self.rate.clone(), _permit: permit };
+        let state = Upload { file, at: start, end: size, follow, rate: self.rate.clone(), _permit: permit };
         let closing = self.closing.clone();
         let stream = futures::stream::unfold(state, |mut up| async move {
             let piece = up.next().await?;
@@ -342,30 +408,48 @@ impl Holder {
 
 /// A file being sent.
 struct Upload {
-    file: tokio::fs::File,
-    left: u64,
+    file: Arc<std::fs::File>,
+    at: u64,
+    end: u64,
+    /// For a file being received: how much of it may be read yet.
+    follow: Option<Follow>,
     rate: Option<Rate>,
     _permit: OwnedSemaphorePermit,
 }
 
 impl Upload {
-    /// The next piece; an error when the file ends early (it shrank since it was opened),
-    /// which cuts the answer short rather than let it pass for whole.
+    /// The next piece; an error when the file ends early (it shrank since it was opened) or
+    /// the copy being received stops, which cuts the answer short rather than let it pass for
+    /// whole.
     async fn next(&mut self) -> Option<Result<Bytes, std::io::Error>> {
-        if self.left == 0 {
+        if self.at == self.end {
             return None;
         }
-        let want = self.left.min(PIECE as u64) as usize;
-        let mut buf = vec![0u8; want];
-        let read = match self.file.read(&mut buf).await {
-            Ok(0) => return Some(Err(std::io::ErrorKind::UnexpectedEof.into())),
-            Ok(n) => n,
-            Err(e) => return Some(Err(e)),
+        let ready = match &mut self.follow {
+            None => self.end,
+            Some(follow) => match follow.ready(self.at).await {
+                Ok(ready) => ready.min(self.end),
+                Err(stopped) => return Some(Err(std::io::Error::other(stopped))),
+            },
         };
-        buf.truncate(read);
-        self.left -= read as u64;
+        let want = (ready - self.at).min(PIECE as u64) as usize;
+        let (file, at) = (self.file.clone(), self.at);
+        let read = tokio::task::spawn_blocking(move || {
+            let mut buf = vec![0u8; want];
+            let n = file.read_at(&mut buf, at)?;
+            buf.truncate(n);
+            Ok::<_, std::io::Error>(buf)
+        })
+        .await;
+        let buf = match read {
+            Ok(Ok(buf)) if !buf.is_empty() => buf,
+            Ok(Ok(_)) => return Some(Err(std::io::ErrorKind::UnexpectedEof.into())),
+            Ok(Err(e)) => return Some(Err(e)),
+            Err(e) => return Some(Err(std::io::Error::other(e))),
+        };
+        self.at += buf.len() as u64;
         if let Some(rate) = &self.rate {
-            rate.take(read as u64).await;
+            rate.take(buf.len() as u64).await;
         }
         Some(Ok(Bytes::from(buf)))
     }

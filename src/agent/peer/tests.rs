@@ -192,15 +192,38 @@ fn cutting(router: axum::Router, budget: Arc<AtomicI64>) -> axum::Router {
 struct Receiver {
     dir: tempfile::TempDir,
     manifests: Arc<Manifests>,
+    relays: Arc<Relays>,
 }
 
 impl Receiver {
     fn new() -> Receiver {
-        Receiver { dir: tempfile::tempdir().unwrap(), manifests: Arc::new(Manifests::default()) }
+        let (manifests, relays) = (Arc::default(), Arc::default());
+        Receiver { dir: tempfile::tempdir().unwrap(), manifests, relays }
     }
 
     async fn pull(&self, order: &Order, limits: &PullLimits) -> Result<PullReport, PullError> {
-        pull(order, self.dir.path(), &self.manifests, limits, &CancellationToken::new()).await
+        pull(order, self.dir.path(), &self.manifests, limits, None, &CancellationToken::new()).await
+    }
+
+    /// Serves this machine's copies, and those it is receiving, on a data port of its own that
+    /// takes the tokens `source` mints; the port's address and this machine's id.
+    async fn serve(&self, source: &Source) -> (String, Uuid) {
+        let shared = Arc::new(Shared { relays: self.relays.clone(), ..Shared::default() });
+        *shared.data_location.lock().unwrap() = Some(self.dir.path().to_path_buf());
+        let machine = Uuid::now_v7();
+        let trusted = Arc::new(TrustedKeys::fixed(source.keys.public()));
+        let limits = ServeLimits { uploads: 4, bytes_per_second: None };
+        let holder = Arc::new(Holder::new(machine, shared, self.manifests.clone(), trusted, &limits));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = serve::address(listener.local_addr().unwrap(), false);
+        tokio::spawn(async move { axum::serve(listener, serve::router(holder)).await.unwrap() });
+        (url, machine)
+    }
+
+    /// The bytes of `path` in the copy being received.
+    fn staged_bytes(&self, path: &str) -> u64 {
+        let staged = self.dir.path().join("drives").join(format!("{STAGING}{FOLDER}")).join(path);
+        std::fs::metadata(staged).map_or(0, |m| m.len())
     }
 
     fn copy(&self) -> PathBuf {
@@ -322,7 +345,7 @@ async fn a_cancelled_pull_resumes_where_it_stopped() {
     };
     let running = tokio::spawn({
         let (order, receiver, cancel) = (source.order(), receiver.clone(), cancel.clone());
-        async move { pull(&order, receiver.dir.path(), &receiver.manifests, &slow, &cancel).await }
+        async move { pull(&order, receiver.dir.path(), &receiver.manifests, &slow, None, &cancel).await }
     });
     let partial = receiver.dir.path().join("drives").join(format!("{STAGING}{FOLDER}")).join(BIG);
     let mut waited = Duration::ZERO;
@@ -635,7 +658,7 @@ async fn run_fill(
     limits: &PullLimits,
 ) -> manifest::keep::Hold {
     let hold = receiver.manifests.hold(Some(receiver.dir.path()), a);
-    let fill = fill::Fill { client, manifests: &receiver.manifests, limits };
+    let fill = fill::Fill { client, manifests: &receiver.manifests, relays: &receiver.relays, limits };
     let peer = a.peer.clone().unwrap();
     fill.run(a, &peer, Some(receiver.dir.path().to_path_buf()), CancellationToken::new()).await;
     hold
@@ -711,7 +734,13 @@ async fn a_peer_fill_resumes_after_a_cut_and_waits_out_a_busy_holder() {
     let source = Source::start(ServeLimits { uploads: 1, bytes_per_second: None }).await;
     let receiver = Receiver::new();
     let client = server(Told::default()).await;
-    let fill = fill::Fill { client: &client, manifests: &receiver.manifests, limits: &PullLimits::default() };
+    let limits = PullLimits::default();
+    let fill = fill::Fill {
+        client: &client,
+        manifests: &receiver.manifests,
+        relays: &receiver.relays,
+        limits: &limits,
+    };
     let a = fill_assignment(&source, source.token_with(|_| {}));
     let order = fill::order(&a, a.peer.as_ref().unwrap()).unwrap();
 
@@ -725,13 +754,14 @@ async fn a_peer_fill_resumes_after_a_cut_and_waits_out_a_busy_holder() {
         budget.store(i64::MAX, Ordering::SeqCst);
     });
     let report =
-        fill.pull(a.uid, order.clone(), receiver.dir.path(), &CancellationToken::new()).await.unwrap();
+        fill.pull(a.uid, order.clone(), receiver.dir.path(), None, &CancellationToken::new()).await.unwrap();
     assert!(report.kept >= CHUNK_BYTES, "the retry resumed: {report:?}");
     assert!(receiver.copy().join(MARKER).exists());
 
     // Another receiver while the holder's one slot is taken, then given back.
     let other = Receiver::new();
-    let fill = fill::Fill { client: &client, manifests: &other.manifests, limits: &PullLimits::default() };
+    let fill =
+        fill::Fill { client: &client, manifests: &other.manifests, relays: &other.relays, limits: &limits };
     let taken = source.get(&format!("/v1/copies/{FOLDER}/files/{BIG}"), Some(&order.token), None).await;
     assert_eq!(taken.status(), 200);
     tokio::spawn(async move {
@@ -739,7 +769,7 @@ async fn a_peer_fill_resumes_after_a_cut_and_waits_out_a_busy_holder() {
         drop(taken);
     });
     let started = std::time::Instant::now();
-    fill.pull(a.uid, order, other.dir.path(), &CancellationToken::new()).await.unwrap();
+    fill.pull(a.uid, order, other.dir.path(), None, &CancellationToken::new()).await.unwrap();
     assert!(started.elapsed() >= Duration::from_secs(5), "waited the holder's Retry-After");
     assert!(other.copy().join(MARKER).exists());
 }
@@ -769,4 +799,111 @@ async fn a_fill_from_a_holder_whose_certificate_is_refused_fails_at_once_naming_
     );
     assert_eq!(states[1].1, why);
     assert!(!receiver.copy().exists());
+}
+
+/// A machine receiving `source`'s copy at 4 MiB/s, entered as a relay, serving on a port of
+/// its own; the pull, the relay's address and machine id, and the relay.
+async fn relaying(
+    source: &Source,
+    cancel: &CancellationToken,
+) -> (tokio::task::JoinHandle<Result<PullReport, PullError>>, String, Uuid, Arc<Receiver>) {
+    let relay = Arc::new(Receiver::new());
+    let (url, machine) = relay.serve(source).await;
+    let slow = PullLimits {
+        rate: Some(Rate::new(std::num::NonZeroU64::new(4 << 20).unwrap())),
+        ..PullLimits::default()
+    };
+    let entered = relay.relays.enter(FOLDER, source.drive, source.digest);
+    let receiving = tokio::spawn({
+        let (order, relay, cancel) = (source.order(), relay.clone(), cancel.clone());
+        async move {
+            let pulled =
+                pull(&order, relay.dir.path(), &relay.manifests, &slow, Some(&entered), &cancel).await;
+            drop(entered);
+            pulled
+        }
+    });
+    (receiving, url, machine, relay)
+}
+
+/// Waits until `receiver` holds at least `bytes` of `path` in the copy it is receiving.
+async fn until_staged(receiver: &Receiver, path: &str, bytes: u64) {
+    let mut waited = Duration::ZERO;
+    while receiver.staged_bytes(path) < bytes {
+        assert!(waited < Duration::from_secs(30), "{path}: {} bytes", receiver.staged_bytes(path));
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        waited += Duration::from_millis(10);
+    }
+}
+
+#[tokio::test]
+async fn a_copy_being_received_passes_what_it_checked_on_to_the_next_machine_before_it_is_whole() {
+    let source = Source::new().await;
+    let cancel = CancellationToken::new();
+    let (receiving, url, machine, relay) = relaying(&source, &cancel).await;
+    let next = Arc::new(Receiver::new());
+    let order = Order { source: url, ..source.order_with(|c| c.source = machine) };
+    let pulling = tokio::spawn({
+        let (next, order) = (next.clone(), order.clone());
+        async move { next.pull(&order, &PullLimits::default()).await }
+    });
+
+    // The next machine has the first chunk of the large file while the relay, at 4 MiB/s, is
+    // still receiving the rest.
+    until_staged(&next, BIG, CHUNK_BYTES).await;
+    assert!(!receiving.is_finished(), "the relay is still receiving");
+    assert!(!relay.copy().join(MARKER).exists());
+    assert!(relay.staged_bytes(BIG) < BIG_BYTES as u64);
+
+    let report = pulling.await.unwrap().unwrap();
+    receiving.await.unwrap().unwrap();
+    assert_eq!(report.received, BIG_BYTES as u64 + 1000 + 25);
+    let manifest = stored_manifest(next.dir.path(), &source.digest);
+    assert!(manifest::check(&next.copy(), &manifest).unwrap().is_clear());
+    assert!(next.copy().join(MARKER).exists());
+    // Once whole, the relay serves its copy as any holder does.
+    let again = Receiver::new();
+    assert_eq!(again.pull(&order, &PullLimits::default()).await.unwrap().received, report.received);
+}
+
+#[tokio::test]
+async fn a_relay_whose_pull_stops_cuts_what_it_serves_and_serves_only_its_drive_and_manifest() {
+    let source = Source::new().await;
+    let cancel = CancellationToken::new();
+    let (receiving, url, machine, relay) = relaying(&source, &cancel).await;
+    let order = Order { source: url, ..source.order_with(|c| c.source = machine) };
+
+    let other_drive = Order {
+        source: order.source.clone(),
+        ..source.order_with(|c| {
+            c.source = machine;
+            c.drive = Uuid::now_v7();
+        })
+    };
+    let err = Receiver::new().pull(&other_drive, &PullLimits::default()).await.unwrap_err();
+    assert!(matches!(err, PullError::Refused { status: 403, .. }), "{err}");
+    let digest = "0".repeat(64);
+    let other_manifest = Order {
+        source: order.source.clone(),
+        ..source.order_with(|c| {
+            c.source = machine;
+            c.manifest = digest.clone();
+        })
+    };
+    let err = Receiver::new().pull(&other_manifest, &PullLimits::default()).await.unwrap_err();
+    assert!(matches!(err, PullError::Refused { status: 409, .. }), "{err}");
+
+    let next = Arc::new(Receiver::new());
+    let pulling = tokio::spawn({
+        let next = next.clone();
+        async move { next.pull(&order, &PullLimits::default()).await }
+    });
+    until_staged(&next, BIG, CHUNK_BYTES).await;
+    cancel.cancel();
+    assert_eq!(receiving.await.unwrap(), Err(PullError::Cancelled));
+    let err = pulling.await.unwrap().unwrap_err();
+    assert!(matches!(err, PullError::Transfer(_)), "the answer is cut: {err}");
+    assert!(!next.copy().exists());
+    assert!(next.staged_bytes(BIG) < BIG_BYTES as u64);
+    assert!(relay.relays.get(FOLDER).is_none());
 }

@@ -861,6 +861,11 @@ async fn report_status(
         ended(&mut tx, caller.id, run, id, report.state).await?;
     } else {
         hub::worker_changed(&mut *tx, id).await?;
+        // A pull from a peer under way may feed the next copies: the fills waiting for a
+        // source are planned again.
+        if report.state == WorkerState::Running && store::fills::is_peer_fill(&mut *tx, run).await? {
+            hub::request_schedule(&mut *tx).await?;
+        }
     }
     tx.commit().await?;
     Ok(Json(Ack { accepted: true }))

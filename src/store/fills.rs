@@ -128,8 +128,9 @@ pub struct NewFill<'a> {
     pub peer: Option<(Uuid, String)>,
 }
 
-/// A machine that can serve its whole copy of a drive to a peer: Ready, serving a data port,
-/// its copy whole with a manifest.
+/// A machine that can serve its copy of a drive to a peer: Ready, serving a data port, its copy
+/// whole with a manifest, or being pulled from another peer (a relay, which passes on what it
+/// has checked as it lands).
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct Holder {
     pub drive: Uuid,
@@ -139,22 +140,45 @@ pub struct Holder {
     pub manifest: String,
     /// Peer fills under way from it.
     pub uploads: i64,
+    /// Its copy is still being pulled: its fill runs.
+    pub relay: bool,
 }
 
-/// The holders of `drives`, with their uploads under way.
+/// The holders of `drives`, with their uploads under way: whole copies first, then those whose
+/// pull from a peer has started.
 pub async fn holders(db: impl PgExecutor<'_>, drives: &[Uuid]) -> sqlx::Result<Vec<Holder>> {
     sqlx::query_as(
-        "SELECT c.drive_id AS drive, m.id AS machine, m.name, m.cluster, c.manifest,
+        "WITH held AS (
+             SELECT c.drive_id AS drive, c.machine_id AS machine, c.manifest, false AS relay
+             FROM copies c
+             WHERE c.drive_id = ANY($1) AND c.state = 'Complete' AND c.manifest IS NOT NULL
+             UNION ALL
+             SELECT r.fill_drive_id, r.fill_machine_id, r.fill_peer_manifest, true
+             FROM runs r
+             WHERE r.fill_drive_id = ANY($1) AND r.fill_peer_manifest IS NOT NULL
+               AND EXISTS (SELECT 1 FROM workers w WHERE w.run_id = r.id AND w.state = 'Running')
+               AND NOT EXISTS (SELECT 1 FROM copies c WHERE c.drive_id = r.fill_drive_id
+                   AND c.machine_id = r.fill_machine_id AND c.state = 'Complete'))
+         SELECT h.drive, m.id AS machine, m.name, m.cluster, h.manifest, h.relay,
              (SELECT count(*) FROM runs r WHERE r.fill_peer_machine_id = m.id
                  AND r.state NOT IN ('Completed', 'Failed')) AS uploads
-         FROM copies c JOIN machines m ON m.id = c.machine_id
-         WHERE c.drive_id = ANY($1) AND c.state = 'Complete' AND c.manifest IS NOT NULL
-           AND m.state = 'Ready' AND m.data_address IS NOT NULL
-         ORDER BY m.cluster, m.name",
+         FROM held h JOIN machines m ON m.id = h.machine
+         WHERE m.state = 'Ready' AND m.data_address IS NOT NULL
+         ORDER BY h.relay, m.cluster, m.name",
     )
     .bind(drives)
     .fetch_all(db)
     .await
+}
+
+/// Whether `run` is a fill from a peer.
+pub async fn is_peer_fill(db: impl PgExecutor<'_>, run: Uuid) -> sqlx::Result<bool> {
+    let peer: Option<bool> =
+        sqlx::query_scalar("SELECT fill_peer_manifest IS NOT NULL FROM runs WHERE id = $1")
+            .bind(run)
+            .fetch_optional(db)
+            .await?;
+    Ok(peer.unwrap_or(false))
 }
 
 /// Sends a peer fill back to its drive's fill template, with a new worker: its pull failed.

@@ -228,3 +228,54 @@ async fn a_fill_whose_peer_is_deleted_mid_pull_is_filled_from_the_origin_at_once
     let copies = app.get_drive("food101").await.json()["copies"].clone();
     assert_eq!((&copies[0]["state"], &copies[0]["source"]), (&json!("Filling"), &json!("fill")), "{copies}");
 }
+
+#[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
+async fn a_copy_whose_pull_from_a_peer_runs_feeds_the_next_machine_that_needs_it(db: sqlx::PgPool) {
+    let (app, _, gpu02, _, gpu01_id) = holder_and_reader(db).await;
+    assert_eq!(beat(&app, &gpu02, None, Some("http://10.0.0.2:7070")).await.status, 200);
+    let gpu03 = app.join_with_room("gpu-03", 4).await;
+    assert_eq!(astraeus::scheduler::tick(&app.db).await.unwrap(), 1);
+    fill_tick(&app).await;
+    assert_eq!(astraeus::scheduler::tick(&app.db).await.unwrap(), 1, "gpu-02's fill is placed");
+    let answer = agent(&app, &gpu02, Method::GET, "/assignments?version=0&wait_seconds=0", None).await.json();
+    let fill = answer["workers"].as_array().unwrap().iter().find(|w| w["fill"] == true).unwrap().clone();
+    let running = json!({"state": "Running", "exit_code": null});
+    let uid = fill["uid"].as_str().unwrap();
+    let path = format!("/workers/{uid}/status");
+    assert_eq!(agent(&app, &gpu02, Method::POST, &path, Some(running)).await.status, 200);
+
+    // gpu-03 needs the drive while gpu-02 pulls it: gpu-02, with no upload under way, passes on
+    // what it has checked, and gpu-01 keeps a slot.
+    let mut third = recipe_run();
+    third["metadata"]["name"] = json!("third");
+    third["spec"]["task_template"]["requested_resources"]["node_selection"] =
+        json!({"mode": "Exact", "names": ["gpu-03"]});
+    assert_eq!(app.create_run(&third).await.status, 201);
+    assert_eq!(astraeus::scheduler::tick(&app.db).await.unwrap(), 1);
+    fill_tick(&app).await;
+    let events = app.get("/events?object=drive/food101").await.json();
+    let started: Vec<_> = events["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["reason"] == "FillStarted")
+        .map(|e| e["message"].as_str().unwrap().to_owned())
+        .collect();
+    assert!(
+        started.contains(&"fill run fill-food101-gpu-03 started on gpu-03 from peer gpu-02".to_owned()),
+        "{started:?}"
+    );
+    assert_eq!(astraeus::scheduler::tick(&app.db).await.unwrap(), 1, "gpu-03's fill is placed");
+    let answer = agent(&app, &gpu03, Method::GET, "/assignments?version=0&wait_seconds=0", None).await.json();
+    let fill = answer["workers"].as_array().unwrap().iter().find(|w| w["fill"] == true).unwrap().clone();
+    let peer = &fill["peer"];
+    assert_eq!(
+        (&peer["address"], &peer["machine"], &peer["manifest"]),
+        (&json!("http://10.0.0.2:7070"), &json!("gpu-02"), &json!(MANIFEST))
+    );
+    let claims = verify_transfer(app.keys.as_ref(), peer["token"].as_str().unwrap()).unwrap();
+    let gpu02_id: Uuid =
+        sqlx::query_scalar("SELECT id FROM machines WHERE name = 'gpu-02'").fetch_one(&app.db).await.unwrap();
+    assert_eq!((claims.source, claims.folder.as_str()), (gpu02_id, "default.food101"));
+    assert_ne!(claims.source, gpu01_id);
+}

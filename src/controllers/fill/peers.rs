@@ -1,6 +1,7 @@
 //! Which peer a new copy is pulled from. A holder serves a few uploads at once, the least busy
-//! first; each copy made whole becomes a holder in turn, so many machines that need a drive at
-//! once are filled as a tree that doubles each round, and the origin is read once.
+//! first; each copy being pulled becomes a holder in turn as soon as its pull runs, passing on
+//! what it has checked as it lands, so many machines that need a drive at once are filled as a
+//! tree that doubles at each level and takes about one copy's time, and the origin is read once.
 
 use uuid::Uuid;
 
@@ -93,6 +94,7 @@ mod tests {
             cluster: cluster.into(),
             manifest: "a".repeat(64),
             uploads,
+            relay: false,
         }
     }
 
@@ -108,6 +110,14 @@ mod tests {
         let want: Vec<_> = (20..25).map(|m| wanted(1, m)).collect();
         let (peer, wait) = (Source::Peer, Source::Wait);
         assert_eq!(choose(&want, &holders), vec![peer(1), peer(0), peer(1), wait, wait]);
+    }
+
+    #[test]
+    fn a_copy_being_pulled_serves_the_next_as_a_holder_does() {
+        // The whole copy's slots are taken; the copy it is sending serves two more.
+        let holders = [holder(1, 10, "main", 2), Holder { relay: true, ..holder(1, 11, "main", 0) }];
+        let want: Vec<_> = (20..23).map(|m| wanted(1, m)).collect();
+        assert_eq!(choose(&want, &holders), vec![Source::Peer(1), Source::Peer(1), Source::Wait]);
     }
 
     #[test]

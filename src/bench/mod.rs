@@ -102,9 +102,9 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     if args.peers {
         let result = measure_peers(&db, &exe, &state, args.quick).await;
         db.close().await;
-        let figures = result?;
-        println!("\n{}", peers::table(&figures));
-        return write_json(args.json.as_deref(), &json!({"peers": figures}));
+        let [alone, linked] = result?;
+        println!("\n{}\n{}", peers::table(&alone), peers::table(&linked));
+        return write_json(args.json.as_deref(), &json!({"peers": alone, "peers_over_links": linked}));
     }
     let result = measure(&plan, &db, &exe, &state).await;
     db.close().await;
@@ -126,13 +126,13 @@ fn write_json(path: Option<&Path>, value: &serde_json::Value) -> anyhow::Result<
     Ok(())
 }
 
-/// The peer-fill phase alone, against its own server.
+/// The peer-fill phase alone, against its own server: bound by this machine, then over links.
 async fn measure_peers(
     db: &Database,
     exe: &Path,
     state: &Path,
     quick: bool,
-) -> anyhow::Result<peers::Figures> {
+) -> anyhow::Result<[peers::Figures; 2]> {
     let http = http::client()?;
     let key = state.join("signing-key.pem");
     Keys::generate_file(&key, true)?;
@@ -141,7 +141,10 @@ async fn measure_peers(
     let result = async {
         let token = setup::admin_token(exe, &db.url, &key).await?;
         let api = Api::new(http.clone(), &server.base, &token);
-        peers::measure(&api, &db.url, &key, state, quick).await
+        let [alone, linked] = peers::Setup::both(quick);
+        let alone = peers::measure(&api, &db.url, &key, state, &alone).await?;
+        let linked = peers::measure(&api, &db.url, &key, state, &linked).await?;
+        anyhow::Ok([alone, linked])
     }
     .await;
     server.stop().await;

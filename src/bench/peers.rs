@@ -2,8 +2,12 @@
 //! once, with real agents in this process serving and pulling over loopback, each with a data
 //! location of its own, against the real server. Measured in the same run: one pull of the
 //! copy alone (the same code, one holder to one folder), the time until every copy is whole,
-//! and the bytes read from the origin. docs/benchmarks.md, "Peer fills", has the latest figures.
+//! and the bytes read from the origin. Twice: with nothing but this machine's cores and disk to
+//! bound the transfers, and with each machine's uploads and downloads held to a link's rate, as
+//! separate machines' networks bound them. docs/benchmarks.md, "Peer fills", has the latest
+//! figures.
 
+use std::num::NonZeroU64;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -22,17 +26,48 @@ use crate::auth::Keys;
 use crate::auth::transfer::{TransferClaims, mint_transfer};
 use crate::settings::{MachineArgs, RuntimeArgs};
 
-const DRIVE: &str = "peerbench";
-const FOLDER: &str = "default.peerbench";
 /// Files the drive is cut into: several, as datasets are, each of several chunks.
 const FILES: u64 = 8;
 /// The longest any wait may take before the bench gives up.
 const PATIENCE: Duration = Duration::from_secs(1800);
 
+/// One fan-out: its machines (and the drive's and machines' names), the drive's size, and the
+/// rate each machine's link allows, up and down, if any.
+#[derive(Debug, Clone)]
+pub struct Setup {
+    pub name: &'static str,
+    pub machines: usize,
+    pub bytes: u64,
+    pub link: Option<NonZeroU64>,
+}
+
+impl Setup {
+    /// The fan-out bound by this machine alone, and the one over links.
+    pub fn both(quick: bool) -> [Setup; 2] {
+        let (machines, bytes) = if quick { (4, 64 << 20) } else { (16, 1 << 30) };
+        let link = NonZeroU64::new(if quick { 16_000_000 } else { 25_000_000 });
+        [Setup { name: "peer", machines, bytes, link: None }, Setup { name: "link", machines, bytes, link }]
+    }
+
+    fn drive(&self) -> String {
+        format!("{}bench", self.name)
+    }
+
+    fn folder(&self) -> String {
+        format!("default.{}", self.drive())
+    }
+
+    fn run(&self) -> String {
+        format!("{}-readers", self.drive())
+    }
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct Figures {
     pub machines: usize,
     pub drive_bytes: u64,
+    /// Bytes a second each machine may send and receive; `None` for no limit.
+    pub link_bytes_per_s: Option<u64>,
     /// One pull of the copy alone, from its holder into a folder of its own.
     pub local_pull_s: f64,
     /// From the run that needs the drive on every other machine until every copy is whole.
@@ -54,24 +89,24 @@ pub async fn measure(
     db_url: &str,
     key: &Path,
     state: &Path,
-    quick: bool,
+    setup: &Setup,
 ) -> anyhow::Result<Figures> {
-    let machines = if quick { 4 } else { 16 };
-    let bytes: u64 = if quick { 64 << 20 } else { 1 << 30 };
+    let (machines, bytes) = (setup.machines, setup.bytes);
     let db = PgPool::connect(db_url).await.context("cannot connect to the bench's database")?;
-    let root = state.join("peers");
+    let root = state.join(setup.name);
     let _ = std::fs::remove_dir_all(&root);
     std::fs::create_dir_all(&root)?;
     let stop = CancellationToken::new();
     let result = async {
-        let drive = create_drive(api, bytes).await?;
-        let names: Vec<String> = (1..=machines).map(|i| format!("peer-{i:02}")).collect();
+        let drive = create_drive(api, setup).await?;
+        let names: Vec<String> = (1..=machines).map(|i| format!("{}-{i:02}", setup.name)).collect();
         let join =
             api.post("/clusters/main/join-tokens", &json!({"ttl_seconds": 3600, "uses": machines})).await?;
         let join = join["token"].as_str().context("no join token in the answer")?;
         let mut agents = Vec::new();
         for name in &names {
-            agents.push(start_agent(&api.base, join, name, &root.join(name), stop.child_token())?);
+            let data = root.join(name);
+            agents.push(start_agent(&api.base, join, name, &data, setup.link, stop.child_token())?);
         }
         for name in &names {
             wait(&format!("{name} joins"), || async {
@@ -82,23 +117,27 @@ pub async fn measure(
             api.post(&format!("/machines/{name}/data-location"), &json!({"path": path})).await?;
         }
         wait("every machine serves its data port", || async {
-            let n: i64 = sqlx::query_scalar("SELECT count(*) FROM machines WHERE data_address IS NOT NULL")
-                .fetch_one(&db)
-                .await?;
+            let n: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM machines WHERE data_address IS NOT NULL AND name = ANY($1)",
+            )
+            .bind(&names)
+            .fetch_one(&db)
+            .await?;
             Ok(n == machines as i64)
         })
         .await?;
 
         eprintln!("  {} writes a drive of {} MiB", names[0], bytes >> 20);
-        seed(&db, &root.join(&names[0]), drive, &names[0], bytes).await?;
+        seed(&db, &root.join(&names[0]), &setup.folder(), drive, &names[0], bytes).await?;
         let digest = wait_manifest(api, &names[0]).await?;
 
         eprintln!("  one pull alone, from {} into a folder of its own", names[0]);
-        let local_pull_s = pull_alone(&db, key, &root.join("alone"), drive, &names[0], &digest).await?;
+        let alone = root.join("alone");
+        let local_pull_s = pull_alone(&db, key, &alone, setup, drive, &names[0], &digest).await?;
 
         eprintln!("  {} machines need it at once", machines - 1);
         let started = Instant::now();
-        create_run(api, &names[1..]).await?;
+        create_run(api, setup, &names[1..]).await?;
         wait("every copy is whole", || async {
             let n: i64 =
                 sqlx::query_scalar("SELECT count(*) FROM copies WHERE drive_id = $1 AND state = 'Complete'")
@@ -117,11 +156,12 @@ pub async fn measure(
         .bind(drive)
         .fetch_one(&db)
         .await?;
-        let _ = api.delete("/runs/peerbench-readers").await;
+        let _ = api.delete(&format!("/runs/{}", setup.run())).await;
         let pulled = (machines - 1) as f64 * bytes as f64;
         anyhow::Ok(Figures {
             machines,
             drive_bytes: bytes,
+            link_bytes_per_s: setup.link.map(NonZeroU64::get),
             local_pull_s,
             all_whole_s,
             all_whole_over_local: all_whole_s / local_pull_s,
@@ -141,12 +181,12 @@ pub async fn measure(
 }
 
 /// The drive, with a fill template that fails: every copy but the first must come from a peer.
-async fn create_drive(api: &Api, bytes: u64) -> anyhow::Result<Uuid> {
+async fn create_drive(api: &Api, setup: &Setup) -> anyhow::Result<Uuid> {
     let body = json!({
-        "metadata": {"name": DRIVE},
+        "metadata": {"name": setup.drive()},
         "spec": {
             "sources": [{"node_scope": "placed", "path": "", "mount_path": "/data", "mode": "ReadOnly"}],
-            "size_hint_bytes": bytes,
+            "size_hint_bytes": setup.bytes,
             "evictable": true,
             "fill": {"template": {
                 "image": "busybox:1.36", "command": "sh", "args": ["-c", "exit 1"],
@@ -158,12 +198,14 @@ async fn create_drive(api: &Api, bytes: u64) -> anyhow::Result<Uuid> {
     created["metadata"]["uid"].as_str().context("no drive uid")?.parse().context("a drive uid")
 }
 
-/// An agent of machine `name` in this process, serving peers on a port of loopback.
+/// An agent of machine `name` in this process, serving peers on a port of loopback, sending
+/// and receiving at most `link` bytes a second.
 fn start_agent(
     server: &str,
     join: &str,
     name: &str,
     data: &Path,
+    link: Option<NonZeroU64>,
     stop: CancellationToken,
 ) -> anyhow::Result<tokio::task::JoinHandle<()>> {
     std::fs::create_dir_all(data)?;
@@ -194,7 +236,12 @@ fn start_agent(
         heartbeat_interval: Duration::from_secs(1),
         data_reserve_bytes: 0,
         runtime: agent::podman::Config::from_args(&runtime)?,
-        peers: agent::PeerConfig { listen: Some("127.0.0.1:0".parse()?), ..Default::default() },
+        peers: agent::PeerConfig {
+            listen: Some("127.0.0.1:0".parse()?),
+            serve: peer::ServeLimits { uploads: 4, bytes_per_second: link },
+            download_bytes_per_second: link,
+            ..Default::default()
+        },
     };
     let name = name.to_owned();
     Ok(tokio::spawn(async move {
@@ -208,7 +255,14 @@ fn start_agent(
 /// of random bytes, the drive's id, the marker last), and records it whole. It is written aside
 /// (a name with a dot is no copy to the agent) and moved in once the server holds its row: a
 /// heartbeat listing a folder the server has no copy of would have it deleted.
-async fn seed(db: &PgPool, data: &Path, drive: Uuid, machine: &str, bytes: u64) -> anyhow::Result<()> {
+async fn seed(
+    db: &PgPool,
+    data: &Path,
+    folder: &str,
+    drive: Uuid,
+    machine: &str,
+    bytes: u64,
+) -> anyhow::Result<()> {
     let aside = data.join("drives").join(".seeding");
     let write = {
         let aside = aside.clone();
@@ -235,7 +289,7 @@ async fn seed(db: &PgPool, data: &Path, drive: Uuid, machine: &str, bytes: u64) 
     .bind(machine)
     .execute(db)
     .await?;
-    std::fs::rename(&aside, data.join("drives").join(FOLDER))?;
+    std::fs::rename(&aside, data.join("drives").join(folder))?;
     Ok(())
 }
 
@@ -256,11 +310,12 @@ async fn wait_manifest(api: &Api, machine: &str) -> anyhow::Result<String> {
     }
 }
 
-/// One pull of the copy from its holder into `data`, alone; its seconds.
+/// One pull of the copy from its holder into `data`, alone, over the setup's link; its seconds.
 async fn pull_alone(
     db: &PgPool,
     key: &Path,
     data: &Path,
+    setup: &Setup,
     drive: Uuid,
     holder: &str,
     digest: &str,
@@ -271,11 +326,12 @@ async fn pull_alone(
             .fetch_one(db)
             .await?;
     let keys = Keys::load(key)?;
-    let claims = TransferClaims::new(id, Uuid::nil(), drive, FOLDER, digest, chrono::Utc::now());
+    let folder = setup.folder();
+    let claims = TransferClaims::new(id, Uuid::nil(), drive, &folder, digest, chrono::Utc::now());
     let order = peer::pull::Order {
         source: address,
         token: mint_transfer(&keys, &claims),
-        folder: FOLDER.into(),
+        folder,
         drive_id: drive,
         digest: manifest::Digest::parse(digest).map_err(anyhow::Error::msg)?,
     };
@@ -287,16 +343,13 @@ async fn pull_alone(
         std::fs::create_dir_all(data.join("drives"))?;
         let manifests = Arc::new(manifest::Manifests::default());
         let started = Instant::now();
-        peer::pull::pull(
-            &order,
-            data,
-            &manifests,
-            &peer::pull::PullLimits::default(),
-            None,
-            &CancellationToken::new(),
-        )
-        .await
-        .map_err(|e| anyhow::anyhow!("the pull alone failed: {e}"))?;
+        let limits = peer::pull::PullLimits {
+            rate: setup.link.map(peer::Rate::new),
+            ..peer::pull::PullLimits::default()
+        };
+        peer::pull::pull(&order, data, &manifests, &limits, None, &CancellationToken::new())
+            .await
+            .map_err(|e| anyhow::anyhow!("the pull alone failed: {e}"))?;
         took = started.elapsed().as_secs_f64();
     }
     let _ = std::fs::remove_dir_all(data);
@@ -305,14 +358,14 @@ async fn pull_alone(
 
 /// A run of one worker on each of `machines` (each takes the machine's one core), mounting the
 /// drive.
-async fn create_run(api: &Api, machines: &[String]) -> anyhow::Result<Value> {
+async fn create_run(api: &Api, setup: &Setup, machines: &[String]) -> anyhow::Result<Value> {
     let body = json!({
-        "metadata": {"name": "peerbench-readers"},
+        "metadata": {"name": setup.run()},
         "spec": {"replicas": machines.len(), "task_template": {
             "image": "busybox:1.36", "command": "true",
             "requested_resources": {"cpu_cores": 1.0, "memory_bytes": 67108864u64,
                                     "node_selection": {"mode": "Exact", "names": machines}},
-            "datavolume_refs": [{"name": DRIVE}]
+            "datavolume_refs": [{"name": setup.drive()}]
         }}
     });
     api.post("/runs", &body).await
@@ -337,8 +390,12 @@ where
 /// The figures as the bench prints them.
 pub fn table(f: &Figures) -> String {
     let verdict = |met: bool| if met { "met" } else { "MISSED" };
+    let bound = match f.link_bytes_per_s {
+        None => "bound by this machine alone".to_owned(),
+        Some(rate) => format!("each machine's link {:.0} MB/s up and down", rate as f64 / 1e6),
+    };
     format!(
-        "peer fills: a drive of {} MiB whole on 1 machine, needed on {} more at once\n\
+        "peer fills, {bound}: a drive of {} MiB whole on 1 machine, needed on {} more at once\n\
          | figure | value | target |\n|---|---|---|\n\
          | one pull alone | {:.2} s ({:.0} MB/s) | |\n\
          | all {} copies whole | {:.2} s ({:.0} MB/s in all) | |\n\

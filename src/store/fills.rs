@@ -142,6 +142,8 @@ pub struct Holder {
     pub uploads: i64,
     /// Its copy is still being pulled: its fill runs.
     pub relay: bool,
+    /// The machine a relay pulls from.
+    pub upstream: Option<Uuid>,
 }
 
 /// The holders of `drives`, with their uploads under way: whole copies first, then those whose
@@ -149,17 +151,18 @@ pub struct Holder {
 pub async fn holders(db: impl PgExecutor<'_>, drives: &[Uuid]) -> sqlx::Result<Vec<Holder>> {
     sqlx::query_as(
         "WITH held AS (
-             SELECT c.drive_id AS drive, c.machine_id AS machine, c.manifest, false AS relay
+             SELECT c.drive_id AS drive, c.machine_id AS machine, c.manifest, false AS relay,
+                 NULL::uuid AS upstream
              FROM copies c
              WHERE c.drive_id = ANY($1) AND c.state = 'Complete' AND c.manifest IS NOT NULL
              UNION ALL
-             SELECT r.fill_drive_id, r.fill_machine_id, r.fill_peer_manifest, true
+             SELECT r.fill_drive_id, r.fill_machine_id, r.fill_peer_manifest, true, r.fill_peer_machine_id
              FROM runs r
              WHERE r.fill_drive_id = ANY($1) AND r.fill_peer_manifest IS NOT NULL
                AND EXISTS (SELECT 1 FROM workers w WHERE w.run_id = r.id AND w.state = 'Running')
                AND NOT EXISTS (SELECT 1 FROM copies c WHERE c.drive_id = r.fill_drive_id
                    AND c.machine_id = r.fill_machine_id AND c.state = 'Complete'))
-         SELECT h.drive, m.id AS machine, m.name, m.cluster, h.manifest, h.relay,
+         SELECT h.drive, m.id AS machine, m.name, m.cluster, h.manifest, h.relay, h.upstream,
              (SELECT count(*) FROM runs r WHERE r.fill_peer_machine_id = m.id
                  AND r.state NOT IN ('Completed', 'Failed')) AS uploads
          FROM held h JOIN machines m ON m.id = h.machine
@@ -179,6 +182,43 @@ pub async fn is_peer_fill(db: impl PgExecutor<'_>, run: Uuid) -> sqlx::Result<bo
             .fetch_optional(db)
             .await?;
     Ok(peer.unwrap_or(false))
+}
+
+/// What a failed fill from a peer is tried again with: the peer it pulled from, the workers it
+/// has had, and its machine's cluster.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct FailedPull {
+    pub peer: Option<Uuid>,
+    pub workers: i64,
+    pub cluster: String,
+}
+
+pub async fn failed_pull(db: impl PgExecutor<'_>, run: Uuid) -> sqlx::Result<Option<FailedPull>> {
+    sqlx::query_as(
+        "SELECT r.fill_peer_machine_id AS peer, m.cluster,
+             (SELECT count(*) FROM workers w WHERE w.run_id = r.id) AS workers
+         FROM runs r JOIN machines m ON m.id = r.fill_machine_id WHERE r.id = $1",
+    )
+    .bind(run)
+    .fetch_optional(db)
+    .await
+}
+
+/// Sends a failed peer fill to another holder, `peer` with its copy's `manifest`, with a new
+/// worker.
+pub async fn from_another_peer(
+    tx: &mut PgConnection,
+    run: Uuid,
+    peer: Uuid,
+    manifest: &str,
+) -> sqlx::Result<()> {
+    sqlx::query("UPDATE runs SET fill_peer_machine_id = $2, fill_peer_manifest = $3 WHERE id = $1")
+        .bind(run)
+        .bind(peer)
+        .bind(manifest)
+        .execute(&mut *tx)
+        .await?;
+    add_worker(tx, run).await
 }
 
 /// Sends a peer fill back to its drive's fill template, with a new worker: its pull failed.

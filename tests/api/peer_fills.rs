@@ -230,7 +230,9 @@ async fn a_fill_whose_peer_is_deleted_mid_pull_is_filled_from_the_origin_at_once
 }
 
 #[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
-async fn a_copy_whose_pull_from_a_peer_runs_feeds_the_next_machine_that_needs_it(db: sqlx::PgPool) {
+async fn a_copy_whose_pull_from_a_peer_runs_feeds_the_next_machine_and_when_it_fails_another_peer_does(
+    db: sqlx::PgPool,
+) {
     let (app, _, gpu02, _, gpu01_id) = holder_and_reader(db).await;
     assert_eq!(beat(&app, &gpu02, None, Some("http://10.0.0.2:7070")).await.status, 200);
     let gpu03 = app.join_with_room("gpu-03", 4).await;
@@ -277,5 +279,40 @@ async fn a_copy_whose_pull_from_a_peer_runs_feeds_the_next_machine_that_needs_it
     let gpu02_id: Uuid =
         sqlx::query_scalar("SELECT id FROM machines WHERE name = 'gpu-02'").fetch_one(&app.db).await.unwrap();
     assert_eq!((claims.source, claims.folder.as_str()), (gpu02_id, "default.food101"));
-    assert_ne!(claims.source, gpu01_id);
+
+    // gpu-02's pull fails, and with it gpu-03's: gpu-03 pulls from gpu-01 instead, which holds
+    // the copy whole, rather than read the origin.
+    let failed = |why: &str| json!({"state": "Failed", "exit_code": null, "reason": why});
+    let why = "the transfer from the peer failed: connection reset";
+    assert_eq!(agent(&app, &gpu02, Method::POST, &path, Some(failed(why))).await.status, 200);
+    let uid = fill["uid"].as_str().unwrap();
+    let path = format!("/workers/{uid}/status");
+    assert_eq!(agent(&app, &gpu03, Method::POST, &path, Some(json!({"state": "Running"}))).await.status, 200);
+    let why = "the peer refused (409): the copy of default.food101 here: it stopped before it was whole";
+    assert_eq!(agent(&app, &gpu03, Method::POST, &path, Some(failed(why))).await.status, 200);
+    fill_tick(&app).await;
+    let peers: Vec<(String, Option<Uuid>)> = sqlx::query_as(
+        "SELECT r.name, r.fill_peer_machine_id FROM runs r WHERE r.fill_drive_id IS NOT NULL ORDER BY r.name",
+    )
+    .fetch_all(&app.db)
+    .await
+    .unwrap();
+    let expected =
+        [("fill-food101-gpu-02".to_owned(), None), ("fill-food101-gpu-03".to_owned(), Some(gpu01_id))];
+    assert_eq!(peers, expected, "gpu-02's failed source is not tried again");
+    let events = app.get("/events?object=drive/food101").await.json();
+    let failed: Vec<_> = events["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["reason"] == "PeerFillFailed")
+        .map(|e| e["message"].as_str().unwrap().to_owned())
+        .collect();
+    assert!(
+        failed.contains(&format!(
+            "the fill on gpu-03 from a peer failed: {why}; pulling from peer gpu-01 instead"
+        )),
+        "{failed:?}"
+    );
+    assert_eq!(app.get("/workers/fill-food101-gpu-03-1").await.status, 200, "with a new worker");
 }

@@ -24,6 +24,8 @@ use plan::{Change, Fill, Waiting};
 const MAX_FILLS: usize = 4096;
 /// Other changes applied per transaction, besides releases: each is its own statements.
 const MAX_CHANGES: usize = 256;
+/// Workers a fill from peers may have before a failed pull goes to the origin.
+const PEER_TRIES: i64 = 3;
 
 /// Applies one round of changes; returns how many, and when a refill falls due.
 pub async fn tick(db: &PgPool, refill_after: Duration) -> anyhow::Result<(usize, Option<Duration>)> {
@@ -95,10 +97,19 @@ async fn apply(tx: &mut sqlx::PgConnection, change: &Change) -> anyhow::Result<(
         }
         Change::FromOrigin { run, drive, machine } => {
             let reason = store::fills::last_reason(&mut *tx, run).await?.unwrap_or_default();
-            store::fills::from_origin(tx, run).await?;
+            let again = another_peer(tx, run, drive, machine).await?;
+            let instead = match &again {
+                Some(h) => {
+                    store::fills::from_another_peer(tx, run, h.machine, &h.manifest).await?;
+                    format!("pulling from peer {} instead", h.name)
+                }
+                None => {
+                    store::fills::from_origin(tx, run).await?;
+                    "filling from the origin".to_owned()
+                }
+            };
             store::workers::refresh_run(tx, run).await?;
-            let why =
-                |m: &str| format!("the fill on {m} from a peer failed: {reason}; filling from the origin");
+            let why = |m: &str| format!("the fill on {m} from a peer failed: {reason}; {instead}");
             drive_event(tx, drive, machine, true, "PeerFillFailed", why).await?;
         }
         Change::FailCopy { drive, machine, fruitless } => {
@@ -203,6 +214,24 @@ async fn create_fills(
     store::events::record_all(&mut *tx, &events).await?;
     tracing::info!(fills = created.len(), waiting, "fill runs created");
     Ok(waiting)
+}
+
+/// Another holder for a fill from a peer that failed, while it has had fewer than
+/// [`PEER_TRIES`] workers: a copy being pulled that fails fails those it feeds, which are
+/// better fed by another copy than by the origin.
+async fn another_peer(
+    tx: &mut sqlx::PgConnection,
+    run: uuid::Uuid,
+    drive: uuid::Uuid,
+    machine: uuid::Uuid,
+) -> anyhow::Result<Option<store::fills::Holder>> {
+    let Some(failed) = store::fills::failed_pull(&mut *tx, run).await? else { return Ok(None) };
+    if failed.workers >= PEER_TRIES {
+        return Ok(None);
+    }
+    let holders = store::fills::holders(&mut *tx, &[drive]).await?;
+    let wanted = peers::Wanted { drive, machine, cluster: &failed.cluster };
+    Ok(peers::choose_again(&wanted, &holders, failed.peer).map(|i| holders[i].clone()))
 }
 
 /// The fill run a drive with a fill template needs on a machine, pulling from `peer` when one

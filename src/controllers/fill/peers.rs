@@ -56,6 +56,37 @@ pub fn choose(wanted: &[Wanted<'_>], holders: &[Holder]) -> Vec<Source> {
         .collect()
 }
 
+/// For a fill whose pull from `failed` failed, another holder to pull from: one with a slot
+/// free, the least busy, not `failed`, and whose copy does not come (through the copies being
+/// pulled) from the wanted machine itself, which would wait on its own copy.
+pub fn choose_again(w: &Wanted<'_>, holders: &[Holder], failed: Option<Uuid>) -> Option<usize> {
+    let upstream = |machine: Uuid| {
+        holders
+            .iter()
+            .find(|h| h.drive == w.drive && h.machine == machine && h.relay)
+            .and_then(|h| h.upstream)
+    };
+    let feeds_on_wanted = |h: &Holder| {
+        let mut at = Some(h.machine);
+        // A chain longer than the holders is a loop: it is not taken.
+        for _ in 0..=holders.len() {
+            match at {
+                None => return false,
+                Some(m) if m == w.machine => return true,
+                Some(m) => at = upstream(m),
+            }
+        }
+        true
+    };
+    holders
+        .iter()
+        .enumerate()
+        .filter(|(_, h)| h.drive == w.drive && h.cluster == w.cluster && h.machine != w.machine)
+        .filter(|(_, h)| Some(h.machine) != failed && h.uploads < UPLOADS_PER_HOLDER && !feeds_on_wanted(h))
+        .min_by_key(|(i, h)| (h.uploads, *i))
+        .map(|(i, _)| i)
+}
+
 /// Holds back the fills from the origin past each cluster's limit (`room`: how many more it
 /// may start, by cluster; a cluster not named has no limit): they wait, as for a busy holder.
 pub fn within_origin_limit(
@@ -95,7 +126,12 @@ mod tests {
             manifest: "a".repeat(64),
             uploads,
             relay: false,
+            upstream: None,
         }
+    }
+
+    fn relay(drive: u128, machine: u128, upstream: u128, uploads: i64) -> Holder {
+        Holder { relay: true, upstream: Some(id(upstream)), ..holder(drive, machine, "main", uploads) }
     }
 
     fn wanted(drive: u128, machine: u128) -> Wanted<'static> {
@@ -115,9 +151,30 @@ mod tests {
     #[test]
     fn a_copy_being_pulled_serves_the_next_as_a_holder_does() {
         // The whole copy's slots are taken; the copy it is sending serves two more.
-        let holders = [holder(1, 10, "main", 2), Holder { relay: true, ..holder(1, 11, "main", 0) }];
+        let holders = [holder(1, 10, "main", 2), relay(1, 11, 10, 0)];
         let want: Vec<_> = (20..23).map(|m| wanted(1, m)).collect();
         assert_eq!(choose(&want, &holders), vec![Source::Peer(1), Source::Peer(1), Source::Wait]);
+    }
+
+    #[test]
+    fn a_failed_pull_is_tried_from_another_holder_whose_copy_does_not_come_from_its_own() {
+        // Machine 20 pulled from 11 (a relay of 10), which failed. 21 and 22 pull from 20, 23
+        // from 21: they wait on 20's copy. 10 has no slot; 12 holds it whole.
+        let holders = [
+            holder(1, 10, "main", 2),
+            relay(1, 11, 10, 1),
+            relay(1, 21, 20, 1),
+            relay(1, 22, 20, 0),
+            relay(1, 23, 21, 0),
+            holder(1, 12, "main", 1),
+        ];
+        let w = wanted(1, 20);
+        assert_eq!(choose_again(&w, &holders, Some(id(11))), Some(5));
+        // Without 12: none, rather than a machine that waits on 20's own copy.
+        assert_eq!(choose_again(&w, &holders[..5], Some(id(11))), None);
+        // A loop among relays is not taken either.
+        let looped = [relay(1, 30, 31, 0), relay(1, 31, 30, 0)];
+        assert_eq!(choose_again(&w, &looped, None), None);
     }
 
     #[test]

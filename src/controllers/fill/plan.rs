@@ -49,7 +49,8 @@ pub enum Change {
     /// The fill failed, or completed [`MAX_FRUITLESS`] times without the marker (`fruitless`):
     /// the copy failed with it, until the fill run is deleted.
     FailCopy { drive: Uuid, machine: Uuid, fruitless: bool },
-    /// A fill from a peer failed (its pull said why): run the drive's fill template instead.
+    /// A fill from a peer failed (its pull said why): pull from another peer, or run the
+    /// drive's fill template instead.
     FromOrigin { run: Uuid, drive: Uuid, machine: Uuid },
     /// The failed fill run was deleted: fill the copy again.
     RetryCopy { drive: Uuid, machine: Uuid },

@@ -73,9 +73,7 @@ async fn manifest_of(api: &Api, machine: &str, drive: &str) -> String {
 }
 
 #[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
-async fn a_copy_held_whole_by_a_peer_is_pulled_from_it_and_one_that_differs_is_filled_from_the_origin(
-    pool: PgPool,
-) {
+async fn a_copy_held_whole_by_a_peer_is_pulled_from_it_and_one_that_differs_from_another_peer(pool: PgPool) {
     let mut cluster = Cluster::start(&pool).await;
     for name in ["gpu-01", "gpu-02", "gpu-03"] {
         cluster.add_peer_machine(name).await;
@@ -110,7 +108,7 @@ async fn a_copy_held_whole_by_a_peer_is_pulled_from_it_and_one_that_differs_is_f
     assert_eq!((source("gpu-01"), source("gpu-02")), (json!("fill"), json!("peer gpu-01")), "{copies}");
 
     // A byte of gpu-01's copy changes after its manifest was made: gpu-03's pull from it (the
-    // least busy holder, before gpu-02) catches the file, and the fill goes to the origin.
+    // least busy holder, before gpu-02) catches the file, and the fill pulls from gpu-02.
     let path = cluster.machine("gpu-01").data.path().join("drives/default.blobs/blob");
     let mut bytes = std::fs::read(&path).unwrap();
     bytes[0] ^= 0xff;
@@ -122,13 +120,14 @@ async fn a_copy_held_whole_by_a_peer_is_pulled_from_it_and_one_that_differs_is_f
     let message = failed[0]["message"].as_str().unwrap();
     assert!(
         message.contains(
-            "peer copy of default.blobs differs from its manifest at blob; filling from the origin"
+            "peer copy of default.blobs differs from its manifest at blob; pulling from peer gpu-02 instead"
         ),
         "{message}"
     );
     let copies = api.drive("blobs").await["copies"].clone();
     let gpu03 = copies.as_array().unwrap().iter().find(|c| c["node"] == "gpu-03").unwrap().clone();
-    assert_eq!((&gpu03["state"], &gpu03["source"]), (&json!("Complete"), &json!("fill")), "{copies}");
+    assert_eq!((&gpu03["state"], &gpu03["source"]), (&json!("Complete"), &json!("peer gpu-02")), "{copies}");
+    assert_eq!(blob("gpu-03").unwrap(), blob("gpu-02").unwrap());
     assert_eq!(
         cluster.worker_names("fill-blobs-gpu-03").await,
         ["fill-blobs-gpu-03-0", "fill-blobs-gpu-03-1"]
@@ -150,8 +149,8 @@ async fn machines_that_need_a_drive_at_once_pull_it_from_peers_and_read_the_orig
     manifest_of(&api, "gpu-01", "blobs").await;
 
     // Five workers, one a machine (each takes both cores), on the five others at once: each
-    // holder serves two at a time (controllers::fill::peers), and the others wait for a slot
-    // or a new holder rather than read the origin.
+    // holder serves one at a time (controllers::fill::peers), each copy being pulled serving
+    // the next as it lands, and the others wait for a slot rather than read the origin.
     let mut wide = run_mounting("wide", "true", &["blobs"], 2.0);
     wide["spec"]["replicas"] = json!(5);
     wide["spec"]["task_template"]["requested_resources"]["node_selection"] =
@@ -362,16 +361,24 @@ async fn a_copy_is_pulled_from_a_peer_over_https_and_a_certificate_refused_sends
     let gpu02 = copies.as_array().unwrap().iter().find(|c| c["node"] == "gpu-02").unwrap().clone();
     assert_eq!(gpu02["source"], json!("peer gpu-01"), "{copies}");
 
-    // gpu-03 refuses whichever holder it is sent to: the fill goes to the origin, saying why.
+    // gpu-03 refuses whichever holder it is sent to: it tries the other, then the fill goes to
+    // the origin, saying why.
     api.create_run(&pinned(run_mounting("third", "true", &["blobs"], 0.5), "gpu-03")).await;
     api.wait_completed("third").await;
     let failed = api.events_with("drive/blobs", "PeerFillFailed").await;
-    assert_eq!(failed.len(), 1, "{failed:?}");
-    let message = failed[0]["message"].as_str().unwrap();
-    assert!(message.contains("cannot pull over TLS from the peer at https://127.0.0.1:"), "{message}");
+    let mut messages: Vec<&str> = failed.iter().map(|e| e["message"].as_str().unwrap()).collect();
+    messages.sort_by_key(|m| m.ends_with("filling from the origin"));
+    assert_eq!(messages.len(), 2, "{messages:?}");
+    for message in &messages {
+        assert!(message.contains("cannot pull over TLS from the peer at https://127.0.0.1:"), "{message}");
+    }
     assert!(
-        message.contains(": invalid peer certificate: UnknownIssuer; filling from the origin"),
-        "{message}"
+        messages[0].contains(": invalid peer certificate: UnknownIssuer; pulling from peer gpu-0"),
+        "{messages:?}"
+    );
+    assert!(
+        messages[1].contains(": invalid peer certificate: UnknownIssuer; filling from the origin"),
+        "{messages:?}"
     );
     let copies = api.drive("blobs").await["copies"].clone();
     let gpu03 = copies.as_array().unwrap().iter().find(|c| c["node"] == "gpu-03").unwrap().clone();

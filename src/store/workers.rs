@@ -489,10 +489,15 @@ pub async fn refresh_runs(db: &sqlx::PgPool, runs: &mut Vec<Uuid>) -> sqlx::Resu
 
 /// [`refresh_run`] for a transaction that already holds the run's lock ([`lock_run_of`]).
 pub async fn refresh_locked_run(tx: &mut PgConnection, run: Uuid) -> sqlx::Result<()> {
-    // A Preparing worker that has restarted waits to start again (`restart`).
+    // A Preparing worker that has restarted waits to start again (`restart`). A fill run's
+    // workers are its attempts, one after another: it is as its last one is, so a fill tried
+    // again (from the origin, from another peer, or refilled) is no longer Failed.
     let rows: Vec<(String, WorkerState, String, bool)> = sqlx::query_as(
-        "SELECT name, state, reason, state = 'Preparing' AND restarts > 0 FROM workers
-         WHERE run_id = $1 ORDER BY index",
+        "SELECT w.name, w.state, w.reason, w.state = 'Preparing' AND w.restarts > 0
+         FROM workers w JOIN runs r ON r.id = w.run_id
+         WHERE w.run_id = $1
+           AND (r.fill_drive_id IS NULL OR w.index = (SELECT max(index) FROM workers WHERE run_id = $1))
+         ORDER BY w.index",
     )
     .bind(run)
     .fetch_all(&mut *tx)

@@ -115,6 +115,17 @@ async fn a_copy_a_peer_holds_whole_is_pulled_from_it_and_filled_from_the_origin_
             .unwrap();
     assert_eq!(peer, None);
     assert_eq!(app.get("/workers/fill-food101-gpu-02-1").await.status, 200, "a new worker runs the template");
+    // The fill run is as its new worker is: the next tick leaves the copy filling.
+    fill_tick(&app).await;
+    let states: (String, String) = sqlx::query_as(
+        "SELECT r.state, c.state FROM runs r
+         JOIN copies c ON c.drive_id = r.fill_drive_id AND c.machine_id = r.fill_machine_id
+         WHERE r.name = 'fill-food101-gpu-02'",
+    )
+    .fetch_one(&app.db)
+    .await
+    .unwrap();
+    assert_eq!(states, ("Pending".to_owned(), "Filling".to_owned()));
     let events = app.get("/events?object=drive/food101").await.json();
     let fell_back =
         events["items"].as_array().unwrap().iter().find(|e| e["reason"] == "PeerFillFailed").unwrap();

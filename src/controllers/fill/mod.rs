@@ -24,8 +24,8 @@ use plan::{Change, Fill, Waiting};
 const MAX_FILLS: usize = 4096;
 /// Other changes applied per transaction, besides releases: each is its own statements.
 const MAX_CHANGES: usize = 256;
-/// Workers a fill from peers may have before a failed pull goes to the origin.
-const PEER_TRIES: i64 = 3;
+/// Peers a fill tries before a failed pull goes to the origin.
+const PEER_TRIES: i64 = 2;
 
 /// Applies one round of changes; returns how many, and when a refill falls due.
 pub async fn tick(db: &PgPool, refill_after: Duration) -> anyhow::Result<(usize, Option<Duration>)> {

@@ -1,14 +1,17 @@
-//! Which peer a new copy is pulled from. A holder serves a few uploads at once, the least busy
-//! first; each copy being pulled becomes a holder in turn as soon as its pull runs, passing on
-//! what it has checked as it lands, so many machines that need a drive at once are filled as a
-//! tree that doubles at each level and takes about one copy's time, and the origin is read once.
+//! Which peer a new copy is pulled from. A holder serves one upload at a time, and each copy
+//! being pulled becomes a holder in turn as soon as its pull runs, passing on what it has
+//! checked as it lands: many machines that need a drive at once are filled as a pipelined
+//! chain, each link at the full rate of a machine's network, so that all are whole in about one
+//! copy's time plus a chunk per machine, and the origin is read once. A tree whose holders
+//! serve two at once would split each sender's rate in two, and take twice as long
+//! (docs/benchmarks.md, "Peer fills").
 
 use uuid::Uuid;
 
 use crate::store::fills::Holder;
 
 /// Peer fills one holder serves at once.
-pub const UPLOADS_PER_HOLDER: i64 = 2;
+pub const UPLOADS_PER_HOLDER: i64 = 1;
 
 /// A copy to fill: its drive, its machine and that machine's cluster.
 #[derive(Debug, Clone, Copy)]
@@ -140,33 +143,33 @@ mod tests {
 
     #[test]
     fn holders_serve_the_least_busy_first_and_no_more_than_their_slots() {
-        // Holder 0 has one upload under way, holder 1 none: 1, 0, 1 (one slot each left), then
-        // the last two wait for a slot or a new holder rather than read the origin.
-        let holders = [holder(1, 10, "main", 1), holder(1, 11, "main", 0)];
-        let want: Vec<_> = (20..25).map(|m| wanted(1, m)).collect();
+        // Holder 0 has an upload under way, holders 1 and 2 none: they serve one each, then the
+        // last two wait for a slot or a new holder rather than read the origin.
+        let holders = [holder(1, 10, "main", 1), holder(1, 11, "main", 0), holder(1, 12, "main", 0)];
+        let want: Vec<_> = (20..24).map(|m| wanted(1, m)).collect();
         let (peer, wait) = (Source::Peer, Source::Wait);
-        assert_eq!(choose(&want, &holders), vec![peer(1), peer(0), peer(1), wait, wait]);
+        assert_eq!(choose(&want, &holders), vec![peer(1), peer(2), wait, wait]);
     }
 
     #[test]
     fn a_copy_being_pulled_serves_the_next_as_a_holder_does() {
-        // The whole copy's slots are taken; the copy it is sending serves two more.
-        let holders = [holder(1, 10, "main", 2), relay(1, 11, 10, 0)];
-        let want: Vec<_> = (20..23).map(|m| wanted(1, m)).collect();
-        assert_eq!(choose(&want, &holders), vec![Source::Peer(1), Source::Peer(1), Source::Wait]);
+        // The whole copy's slot is taken; the copy it is sending serves the next.
+        let holders = [holder(1, 10, "main", 1), relay(1, 11, 10, 0)];
+        let want: Vec<_> = (20..22).map(|m| wanted(1, m)).collect();
+        assert_eq!(choose(&want, &holders), vec![Source::Peer(1), Source::Wait]);
     }
 
     #[test]
     fn a_failed_pull_is_tried_from_another_holder_whose_copy_does_not_come_from_its_own() {
         // Machine 20 pulled from 11 (a relay of 10), which failed. 21 and 22 pull from 20, 23
-        // from 21: they wait on 20's copy. 10 has no slot; 12 holds it whole.
+        // from 21: they wait on 20's copy. 10 has no slot free; 12 holds it whole, and has.
         let holders = [
-            holder(1, 10, "main", 2),
+            holder(1, 10, "main", 1),
             relay(1, 11, 10, 1),
             relay(1, 21, 20, 1),
             relay(1, 22, 20, 0),
             relay(1, 23, 21, 0),
-            holder(1, 12, "main", 1),
+            holder(1, 12, "main", 0),
         ];
         let w = wanted(1, 20);
         assert_eq!(choose_again(&w, &holders, Some(id(11))), Some(5));

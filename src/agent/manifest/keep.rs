@@ -18,7 +18,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
-use std::io::{self, BufRead, BufReader, BufWriter, Read};
+use std::io::BufWriter;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -29,7 +29,7 @@ use uuid::Uuid;
 
 use super::build::{STOPPED, build_at};
 use super::lost::{self, Lost, Next};
-use super::{Digest, Header, walk};
+use super::{Digest, stored, walk};
 use crate::agent::layout;
 use crate::agent::sizes::Sizes;
 use crate::protocol::{Assignment, LostFiles, MountSource};
@@ -318,7 +318,7 @@ fn tidy(manifests: &Manifests, store: &OwnedFd, complete: &BTreeMap<String, Uuid
         let known = manifests.state().kept.get(folder).is_some_and(|(made_for, _)| *made_for == id);
         if !known {
             let before = manifests.writers(folder);
-            match stored(store, &name) {
+            match stored::drive_and_digest(store, &name) {
                 Some((made_for, digest)) if made_for == id => {
                     let mut state = manifests.state();
                     // A hold taken during the read has removed the file: the digest is stale.
@@ -435,31 +435,6 @@ fn names(store: &OwnedFd) -> Vec<String> {
         }
     }
     names
-}
-
-/// The manifest `name` in the store, opened without following a link.
-pub(super) fn open_stored(store: &OwnedFd, name: &str) -> Option<File> {
-    let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NONBLOCK;
-    rustix::fs::openat(store, name, flags, Mode::empty()).ok().map(File::from)
-}
-
-/// A stored manifest's header, and the line it was read from.
-pub(super) fn read_header(reader: &mut impl BufRead) -> Option<(Header, Vec<u8>)> {
-    let mut first = vec![];
-    // A header is well under a kilobyte.
-    reader.by_ref().take(4096).read_until(b'\n', &mut first).ok()?;
-    let header: Header = serde_json::from_slice(first.strip_suffix(b"\n")?).ok()?;
-    Some((header, first))
-}
-
-/// The drive a manifest on disk was made for, from its header, and its digest.
-fn stored(store: &OwnedFd, name: &str) -> Option<(Uuid, Digest)> {
-    let mut reader = BufReader::new(open_stored(store, name)?);
-    let (header, first) = read_header(&mut reader)?;
-    let mut hasher = blake3::Hasher::new();
-    hasher.update(&first);
-    io::copy(&mut reader, &mut hasher).ok()?;
-    Some((header.drive_id, Digest::of(&hasher)))
 }
 
 /// Makes `folder`'s manifest and keeps it, unless the copy was written to (or stopped being

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::io::BufReader;
 use std::os::fd::OwnedFd;
 
-use super::{Digest, Manifest, check, keep, walk};
+use super::{Digest, Manifest, check, stored, walk};
 use crate::agent::sizes::Sizes;
 use crate::protocol::LostFiles;
 
@@ -94,7 +94,7 @@ pub(super) fn measured(sizes: &Sizes, folder: &str) -> Option<Totals> {
 
 /// The totals in the header of the manifest `name` in the store.
 pub(super) fn header(store: &OwnedFd, name: &str) -> Option<Totals> {
-    let (header, _) = keep::read_header(&mut BufReader::new(keep::open_stored(store, name)?))?;
+    let (header, _) = stored::header(&mut BufReader::new(stored::open(store, name)?))?;
     Some(Totals { files: header.files, bytes: header.bytes })
 }
 
@@ -109,7 +109,7 @@ pub(super) fn compare(
     digest: &Digest,
 ) -> Result<Option<LostFiles>, String> {
     let mut file =
-        keep::open_stored(store, name).ok_or_else(|| format!("cannot open the manifest of {folder}"))?;
+        stored::open(store, name).ok_or_else(|| format!("cannot open the manifest of {folder}"))?;
     let manifest = Manifest::read(&mut file, digest).map_err(|e| e.to_string())?;
     let root = walk::open_dir(drives, folder).map_err(|e| format!("cannot open {folder}: {e}"))?;
     let check = check::sizes(root, &manifest)?;

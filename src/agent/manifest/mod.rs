@@ -27,6 +27,7 @@ mod check;
 pub mod keep;
 mod lost;
 mod parse;
+mod stored;
 mod walk;
 
 use std::io::{self, Read};

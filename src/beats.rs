@@ -37,6 +37,7 @@ const CHUNK: usize = 500;
 pub struct Known {
     pub data_location: Option<String>,
     pub data_limit_bytes: Option<i64>,
+    pub transfer_limits: crate::domain::machine::TransferLimits,
 }
 
 #[derive(Debug)]
@@ -182,7 +183,11 @@ mod tests {
     }
 
     fn answer() -> Known {
-        Known { data_location: Some("/data".into()), data_limit_bytes: None }
+        Known {
+            data_location: Some("/data".into()),
+            data_limit_bytes: None,
+            transfer_limits: Default::default(),
+        }
     }
 
     #[test]

@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use crate::domain::Name;
+use crate::domain::machine::TransferLimits;
 use crate::domain::quantity::CpuCores;
 use crate::domain::run::WorkerState;
 
@@ -124,6 +125,9 @@ pub struct HeartbeatResponse {
     /// Copies (folder names) the agent should delete, each as the heartbeat reported it: the
     /// agent leaves a folder made since for another drive of the same name.
     pub delete_copies: Vec<String>,
+    /// What an organisation admin lets the agent send to peers and receive from them.
+    #[serde(default)]
+    pub transfer_limits: TransferLimits,
 }
 
 /// The server's public verifying keys, oldest first: what a holder checks transfer tokens with.

@@ -148,10 +148,12 @@ pub struct PeerArgs {
     /// Copies' files sent to peers at once; past it, a peer is told to come back.
     #[arg(long, env = "ASTRAEUS_UPLOAD_SLOTS", default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=1024))]
     pub upload_slots: u32,
-    /// Bytes per second sent to peers, over all uploads (default: no limit).
+    /// Bytes per second sent to peers, over all uploads (default: no limit but the one an
+    /// organisation admin sets for the machine; the lower holds).
     #[arg(long, env = "ASTRAEUS_UPLOAD_BYTES_PER_SECOND")]
     pub upload_bytes_per_second: Option<NonZeroU64>,
-    /// Bytes per second received from peers, over all pulls (default: no limit).
+    /// Bytes per second received from peers, over all pulls (default: no limit but the one an
+    /// organisation admin sets for the machine; the lower holds).
     #[arg(long, env = "ASTRAEUS_DOWNLOAD_BYTES_PER_SECOND")]
     pub download_bytes_per_second: Option<NonZeroU64>,
     /// PEM certificate chain of the data port, its own certificate first, naming the address of

@@ -338,14 +338,14 @@ async fn an_unchanged_heartbeat_does_not_wait_for_a_pass_holding_its_machine(poo
     let answer = tokio::time::timeout(Duration::from_secs(10), beat(usage))
         .await
         .expect("the heartbeat does not wait for the pass");
-    let (location, _, written) = answer.expect("nothing differs: the heartbeat is answered");
-    assert!(location.is_some(), "the machine's data location is in the answer");
-    assert!(!written, "the held row is left to the next batch");
+    let answer = answer.expect("nothing differs: the heartbeat is answered");
+    assert!(answer.data_path.is_some(), "the machine's data location is in the answer");
+    assert!(!answer.written, "the held row is left to the next batch");
     assert_ne!(used().await, 123);
 
     pass.commit().await.unwrap();
     let answer = beat(usage).await.expect("nothing differs");
-    assert!(answer.2, "a free row is written at once");
+    assert!(answer.written, "a free row is written at once");
     assert_eq!(used().await, 123);
 
     // A copy the server does not know of is no unchanged heartbeat, held row or not.
@@ -359,7 +359,7 @@ async fn an_unchanged_heartbeat_does_not_wait_for_a_pass_holding_its_machine(poo
         manifests: vec![None],
     };
     let other = astraeus::store::machines::beat_if_unchanged(&pool, machine, &usage, &unknown);
-    assert_eq!(other.await.unwrap(), None);
+    assert!(other.await.unwrap().is_none());
 }
 
 #[sqlx::test(migrator = "astraeus::store::MIGRATOR")]

@@ -23,7 +23,7 @@ fn slow(download: bool, bytes_per_second: u64) -> PeerConfig {
     let mut peers = PeerConfig::default();
     match download {
         true => peers.download_bytes_per_second = limit,
-        false => peers.serve.bytes_per_second = limit,
+        false => peers.upload_bytes_per_second = limit,
     }
     peers
 }

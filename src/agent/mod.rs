@@ -31,6 +31,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use uuid::Uuid;
 
+use crate::domain::machine::TransferLimits;
 use crate::protocol::{Assignment, JoinRequest};
 use crate::settings::{AgentArgs, PeerArgs};
 use client::Client;
@@ -57,7 +58,10 @@ pub struct PeerConfig {
     /// Where to serve whole copies to peers; `None` for no data port.
     pub listen: Option<SocketAddr>,
     pub serve: peer::ServeLimits,
-    /// Bytes per second received from peers, over all pulls; `None` for no limit.
+    /// Bytes per second sent to peers, over all uploads; `None` for no limit but the server's.
+    pub upload_bytes_per_second: Option<NonZeroU64>,
+    /// Bytes per second received from peers, over all pulls; `None` for no limit but the
+    /// server's.
     pub download_bytes_per_second: Option<NonZeroU64>,
     /// The data port's certificate and key: it serves HTTPS; `None` for plain HTTP.
     pub tls: Option<Arc<rustls::ServerConfig>>,
@@ -69,7 +73,8 @@ impl Default for PeerConfig {
     fn default() -> Self {
         PeerConfig {
             listen: None,
-            serve: peer::ServeLimits { uploads: 4, bytes_per_second: None },
+            serve: peer::ServeLimits { uploads: 4 },
+            upload_bytes_per_second: None,
             download_bytes_per_second: None,
             tls: None,
             trust: peer::Trust::default(),
@@ -86,10 +91,8 @@ impl PeerConfig {
             peer::tls::server_from_args(args.data_tls_cert.as_deref(), args.data_tls_key.as_deref(), listen)?;
         Ok(PeerConfig {
             listen: args.data_listen,
-            serve: peer::ServeLimits {
-                uploads: args.upload_slots as usize,
-                bytes_per_second: args.upload_bytes_per_second,
-            },
+            serve: peer::ServeLimits { uploads: args.upload_slots as usize },
+            upload_bytes_per_second: args.upload_bytes_per_second,
             download_bytes_per_second: args.download_bytes_per_second,
             tls,
             trust: peer::Trust::from_args(args.data_tls_ca.as_deref())?,
@@ -148,7 +151,7 @@ impl Machine {
             // No reserve of its own: like a fill's container, a pull may use the space the
             // server's evictions keep free, which is what it placed the fill here for.
             pulls: peer::PullLimits {
-                rate: config.peers.download_bytes_per_second.map(peer::Rate::new),
+                rate: Some(peer::Rate::bounded(config.peers.download_bytes_per_second)),
                 trust: config.peers.trust.clone(),
                 ..peer::PullLimits::default()
             },
@@ -164,11 +167,22 @@ pub struct Shared {
     pub data_address: OnceLock<String>,
     /// The copies being pulled from peers, which the data port serves on as they land.
     pub relays: Arc<peer::Relays>,
+    /// Bytes a second sent to peers and received from them: this agent's flags, and the
+    /// limits the server sets for the machine, which heartbeats bring.
+    pub upload: peer::Rate,
+    pub download: peer::Rate,
     /// The last location refused, so that it is logged once, not at every heartbeat.
     refused: Mutex<Option<String>>,
 }
 
 impl Shared {
+    /// Bounds what this agent sends to peers and receives from them by what the server says,
+    /// besides its own flags.
+    fn limit_transfers(&self, limits: &TransferLimits) {
+        self.upload.set(limits.upload_bytes_per_second.and_then(NonZeroU64::new));
+        self.download.set(limits.download_bytes_per_second.and_then(NonZeroU64::new));
+    }
+
     /// Takes the location the server confirmed, if it is `own` or beneath it
     /// (`disk::accept_location`); otherwise the machine has none.
     fn confirm(&self, own: &Path, offered: Option<&str>) -> Option<PathBuf> {
@@ -241,7 +255,11 @@ pub async fn run(config: Config, stop: CancellationToken) -> anyhow::Result<()> 
         return Ok(());
     };
     tracing::info!(machine = %joined.machine, cluster = %joined.cluster, "joined");
-    let shared = Arc::new(Shared::default());
+    let shared = Arc::new(Shared {
+        upload: peer::Rate::bounded(config.peers.upload_bytes_per_second),
+        download: machine.pulls.rate.clone().unwrap_or_default(),
+        ..Shared::default()
+    });
     let sizes = Arc::new(sizes::Sizes::default());
     let manifests = Arc::new(manifest::Manifests::default());
     let measurer = tokio::spawn(measure_loop(config.clone(), shared.clone(), sizes.clone(), stop.clone()));
@@ -420,6 +438,7 @@ async fn heartbeat_loop(
                 if report.data_address.is_some() {
                     told_address = report.data_address.take();
                 }
+                shared.limit_transfers(&answer.transfer_limits);
                 let confirmed = shared.confirm(&machine.own, answer.data_location.as_deref());
                 if let Some(dir) = confirmed
                     && !answer.delete_copies.is_empty()
@@ -560,4 +579,25 @@ async fn stop_all(running: &HashMap<Uuid, CancellationToken>, workers: &TaskTrac
     }
     workers.close();
     workers.wait().await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_transfer_limits_a_heartbeat_brings_bound_the_agents_rates_below_its_flags() {
+        let n = NonZeroU64::new;
+        let shared = Shared { upload: peer::Rate::bounded(n(200_000_000)), ..Shared::default() };
+        let limits =
+            |up, down| TransferLimits { upload_bytes_per_second: up, download_bytes_per_second: down };
+        shared.limit_transfers(&limits(Some(100_000_000), Some(50_000_000)));
+        assert_eq!((shared.upload.limit(), shared.download.limit()), (n(100_000_000), n(50_000_000)));
+        shared.limit_transfers(&limits(Some(300_000_000), None));
+        assert_eq!(
+            (shared.upload.limit(), shared.download.limit()),
+            (n(200_000_000), None),
+            "the flag holds"
+        );
+    }
 }

@@ -28,7 +28,7 @@ use crate::beats;
 use crate::domain::copy::LostFiles;
 use crate::domain::drive::{Location, full_name};
 use crate::domain::grant::{self, Grant};
-use crate::domain::machine::MachineState;
+use crate::domain::machine::{MachineState, TransferLimits};
 use crate::domain::quantity::human_bytes;
 use crate::domain::restart;
 use crate::domain::run::{RunSpec, WorkerState};
@@ -284,6 +284,7 @@ async fn heartbeat(
             data_location: known.data_location,
             data_limit_bytes: known.data_limit_bytes,
             delete_copies: vec![],
+            transfer_limits: known.transfer_limits,
         }));
     }
     let reported = store::copies::Reported {
@@ -297,13 +298,25 @@ async fn heartbeat(
     };
     let generation = app.hub.beats.generation(caller.id);
     let same = store::machines::beat_if_unchanged(&app.db, caller.id, &usage, &reported).await?;
-    if let Some((data_location, data_limit_bytes, written)) = same {
-        if !written {
+    if let Some(same) = same {
+        if !same.written {
             app.hub.beats.record(caller.id, &usage);
         }
-        let known = beats::Known { data_location: data_location.clone(), data_limit_bytes };
-        app.hub.beats.remember(caller.id, generation, digest, known);
-        return Ok(Json(HeartbeatResponse { data_location, data_limit_bytes, delete_copies: vec![] }));
+        let known = beats::Known {
+            data_location: same.data_path,
+            data_limit_bytes: same.data_limit_bytes,
+            transfer_limits: TransferLimits::from_columns(
+                same.upload_bytes_per_second,
+                same.download_bytes_per_second,
+            ),
+        };
+        app.hub.beats.remember(caller.id, generation, digest, known.clone());
+        return Ok(Json(HeartbeatResponse {
+            data_location: known.data_location,
+            data_limit_bytes: known.data_limit_bytes,
+            delete_copies: vec![],
+            transfer_limits: known.transfer_limits,
+        }));
     }
     // Rows are locked in one order everywhere, copies, then workers, then machines, so that
     // heartbeats, placement and deletions never wait on each other in a circle.
@@ -345,6 +358,7 @@ async fn heartbeat(
     tx.commit().await?;
     let m = beat.machine;
     Ok(Json(HeartbeatResponse {
+        transfer_limits: m.transfer_limits(),
         data_location: m.data_path,
         data_limit_bytes: m.data_limit_bytes,
         delete_copies: copies.delete,

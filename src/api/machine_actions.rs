@@ -1,6 +1,7 @@
 //! An organisation admin's say over a machine's life: cordon it (no new workers), drain it
-//! (its work goes elsewhere), make it eligible again, or delete it (its credential stops
-//! working at once and its workers fail with a reason that says so).
+//! (its work goes elsewhere), make it eligible again, bound what it sends to peers and
+//! receives from them, or delete it (its credential stops working at once and its workers fail
+//! with a reason that says so).
 
 use axum::Json;
 use axum::extract::State;
@@ -17,6 +18,7 @@ use super::error::{ApiError, ErrorBody};
 use super::extract::{Body, Params, Path};
 use super::machines::{Machine, MachineRef, find, to_object};
 use crate::controllers::{drain, liveness};
+use crate::domain::machine::TransferLimits;
 use crate::hub;
 use crate::store;
 
@@ -29,6 +31,7 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(cordon))
         .routes(routes!(uncordon))
         .routes(routes!(drain_machine))
+        .routes(routes!(put_transfer_limits))
         .routes(routes!(delete))
 }
 
@@ -90,6 +93,38 @@ async fn set_cordoned(
         hub::request_schedule(&mut *tx).await?;
     }
     tx.commit().await?;
+    Ok(Json(to_object(record)))
+}
+
+/// Bound what a machine's agent sends to peers and receives from them, in bytes a second over
+/// all its transfers (its next heartbeat brings the limits; its own flags still hold where
+/// lower). Uploads within their limit leave the machine's disk and network to the workers that
+/// read its copies.
+#[utoipa::path(put, path = "/machines/{name}/transfer-limits", tag = "machines",
+    params(("name" = String, Path), MachineRef),
+    request_body = TransferLimits,
+    responses(
+        (status = 200, body = Machine),
+        (status = 403, description = "Not an organisation admin's token", body = ErrorBody),
+        (status = 404, body = ErrorBody),
+        (status = 409, description = "Several clusters have a machine of that name: add `cluster`", body = ErrorBody),
+        (status = 422, body = ErrorBody),
+    ),
+    security(("bearer" = [])))]
+pub async fn put_transfer_limits(
+    State(app): State<AppState>,
+    caller: Caller,
+    Path(name): Path<String>,
+    Params(at): Params<MachineRef>,
+    Body(limits): Body<TransferLimits>,
+) -> Result<Json<Machine>, ApiError> {
+    caller.require_org_admin("limit machines' transfers")?;
+    if let Some((field, why)) = limits.invalid() {
+        return Err(ApiError::invalid(field, why));
+    }
+    let m = find(&app, &name, at.cluster.as_deref()).await?;
+    let record = store::machines::set_transfer_limits(&app.db, m.id, &limits).await?;
+    let record = record.ok_or_else(|| ApiError::not_found("machine", &name))?;
     Ok(Json(to_object(record)))
 }
 

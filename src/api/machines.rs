@@ -24,7 +24,7 @@ use crate::auth::machine::new_join_token;
 use crate::domain::Name;
 use crate::domain::copy::{CopyState, LostFiles};
 use crate::domain::drive::full_name;
-use crate::domain::machine::MachineState;
+use crate::domain::machine::{MachineState, TransferLimits};
 use crate::domain::path::AbsPath;
 use crate::domain::progress::{Progress, progress};
 use crate::domain::quantity::CpuCores;
@@ -132,6 +132,9 @@ pub struct MachineStatus {
     /// Held by the workers placed here.
     pub allocated: MachineResources,
     pub data_location: DataLocation,
+    /// What an organisation admin lets its agent send to peers and receive from them
+    /// (`PUT /machines/{name}/transfer-limits`).
+    pub transfer_limits: TransferLimits,
 }
 
 /// Where the machine keeps copies of drives.
@@ -154,6 +157,7 @@ fn cores(millis: i32) -> CpuCores {
 }
 
 pub fn to_object(m: MachineRecord) -> Machine {
+    let transfer_limits = m.transfer_limits();
     Machine {
         metadata: MachineMeta { name: m.name, uid: m.id, created_at: m.created_at, labels: m.labels.0 },
         spec: MachineSpec {
@@ -167,6 +171,7 @@ pub fn to_object(m: MachineRecord) -> Machine {
             },
         },
         status: MachineStatus {
+            transfer_limits,
             state: m.state,
             cordoned: m.cordoned,
             drain_deadline: m.drain_deadline,

@@ -133,6 +133,10 @@ impl Api {
         self.call(Method::POST, path, Some(body)).await
     }
 
+    pub async fn put(&self, path: &str, body: &Value) -> anyhow::Result<Value> {
+        self.call(Method::PUT, path, Some(body)).await
+    }
+
     pub async fn delete(&self, path: &str) -> anyhow::Result<()> {
         self.call(Method::DELETE, path, None).await.map(drop)
     }

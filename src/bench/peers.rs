@@ -3,9 +3,9 @@
 //! location of its own, against the real server. Measured in the same run: one pull of the
 //! copy alone (the same code, one holder to one folder), the time until every copy is whole,
 //! and the bytes read from the origin. Twice: with nothing but this machine's cores and disk to
-//! bound the transfers, and with each machine's uploads and downloads held to a link's rate, as
-//! separate machines' networks bound them. docs/benchmarks.md, "Peer fills", has the latest
-//! figures.
+//! bound the transfers, and with each machine's uploads and downloads held to a link's rate (as
+//! an organisation admin sets it, `PUT /machines/{name}/transfer-limits`), as separate
+//! machines' networks bound them. docs/benchmarks.md, "Peer fills", has the latest figures.
 
 use std::num::NonZeroU64;
 use std::path::Path;
@@ -105,8 +105,7 @@ pub async fn measure(
         let join = join["token"].as_str().context("no join token in the answer")?;
         let mut agents = Vec::new();
         for name in &names {
-            let data = root.join(name);
-            agents.push(start_agent(&api.base, join, name, &data, setup.link, stop.child_token())?);
+            agents.push(start_agent(&api.base, join, name, &root.join(name), stop.child_token())?);
         }
         for name in &names {
             wait(&format!("{name} joins"), || async {
@@ -115,6 +114,9 @@ pub async fn measure(
             .await?;
             let path = root.join(name).display().to_string();
             api.post(&format!("/machines/{name}/data-location"), &json!({"path": path})).await?;
+        }
+        if let Some(link) = setup.link {
+            limit_links(api, &db, &names, link).await?;
         }
         wait("every machine serves its data port", || async {
             let n: i64 = sqlx::query_scalar(
@@ -198,14 +200,12 @@ async fn create_drive(api: &Api, setup: &Setup) -> anyhow::Result<Uuid> {
     created["metadata"]["uid"].as_str().context("no drive uid")?.parse().context("a drive uid")
 }
 
-/// An agent of machine `name` in this process, serving peers on a port of loopback, sending
-/// and receiving at most `link` bytes a second.
+/// An agent of machine `name` in this process, serving peers on a port of loopback.
 fn start_agent(
     server: &str,
     join: &str,
     name: &str,
     data: &Path,
-    link: Option<NonZeroU64>,
     stop: CancellationToken,
 ) -> anyhow::Result<tokio::task::JoinHandle<()>> {
     std::fs::create_dir_all(data)?;
@@ -236,12 +236,7 @@ fn start_agent(
         heartbeat_interval: Duration::from_secs(1),
         data_reserve_bytes: 0,
         runtime: agent::podman::Config::from_args(&runtime)?,
-        peers: agent::PeerConfig {
-            listen: Some("127.0.0.1:0".parse()?),
-            serve: peer::ServeLimits { uploads: 4, bytes_per_second: link },
-            download_bytes_per_second: link,
-            ..Default::default()
-        },
+        peers: agent::PeerConfig { listen: Some("127.0.0.1:0".parse()?), ..Default::default() },
     };
     let name = name.to_owned();
     Ok(tokio::spawn(async move {
@@ -249,6 +244,29 @@ fn start_agent(
             eprintln!("agent {name} stopped: {e:#}");
         }
     }))
+}
+
+/// Has an organisation admin hold each of `machines` to `link` bytes a second up and down, and
+/// waits until each has heartbeated a second after (a heartbeat answered as the change is
+/// announced may not bring it yet).
+async fn limit_links(api: &Api, db: &PgPool, machines: &[String], link: NonZeroU64) -> anyhow::Result<()> {
+    let limits = json!({"upload_bytes_per_second": link.get(), "download_bytes_per_second": link.get()});
+    for name in machines {
+        api.put(&format!("/machines/{name}/transfer-limits"), &limits).await?;
+    }
+    let since: chrono::DateTime<chrono::Utc> =
+        sqlx::query_scalar("SELECT now() + interval '1 second'").fetch_one(db).await?;
+    wait("every machine hears its link's limits", || async {
+        let n: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM machines WHERE name = ANY($1) AND last_heartbeat_at > $2",
+        )
+        .bind(machines)
+        .bind(since)
+        .fetch_one(db)
+        .await?;
+        Ok(n == machines.len() as i64)
+    })
+    .await
 }
 
 /// Writes the whole copy on the first machine, as a fill from the origin would (`FILES` files

@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::domain::machine::MachineState;
+use crate::domain::machine::{MachineState, TransferLimits};
 use crate::protocol::ImageReport;
 use chrono::{DateTime, Utc};
 use sqlx::types::Json;
@@ -38,12 +38,21 @@ pub struct MachineRecord {
     pub cordoned: bool,
     /// Draining: its running workers have until then.
     pub drain_deadline: Option<DateTime<Utc>>,
+    /// Bytes a second its agent may send to peers and receive from them; NULL for no limit.
+    pub upload_bytes_per_second: Option<i64>,
+    pub download_bytes_per_second: Option<i64>,
+}
+
+impl MachineRecord {
+    pub fn transfer_limits(&self) -> TransferLimits {
+        TransferLimits::from_columns(self.upload_bytes_per_second, self.download_bytes_per_second)
+    }
 }
 
 pub const COLUMNS: &str = "id, cluster, name, pool, labels, transports, cpu_millis, memory_bytes, gpus,
     cpu_alloc, memory_alloc, gpus_alloc, state, last_heartbeat_at, credential_id, data_proposed, data_path,
     data_limit_bytes, data_total_bytes, data_used_bytes, data_free_bytes, assign_version, created_at, cordoned,
-    drain_deadline";
+    drain_deadline, upload_bytes_per_second, download_bytes_per_second";
 
 /// What an agent says about its machine when it joins.
 pub struct Joining<'a> {
@@ -137,10 +146,20 @@ pub async fn heartbeat(db: impl PgExecutor<'_>, machine: Uuid, usage: &Usage) ->
     .await
 }
 
+/// What a heartbeat that changed nothing is answered with, and whether its row was written.
+#[derive(Debug, sqlx::FromRow)]
+pub struct Unchanged {
+    pub data_path: Option<String>,
+    pub data_limit_bytes: Option<i64>,
+    pub upload_bytes_per_second: Option<i64>,
+    pub download_bytes_per_second: Option<i64>,
+    pub written: bool,
+}
+
 /// The usual heartbeat in one statement and without a transaction: a Ready machine reporting
 /// exactly the copies it was known to hold (same bytes, same completeness, none to delete) only
-/// refreshes its liveness and usage. Returns its data location and limit, and whether its row
-/// was written; None when anything differs and the heartbeat must be reconciled in full. A row
+/// refreshes its liveness and usage. Returns what the agent is told (its data location and
+/// limit, its transfer limits), and whether its row was written; None when anything differs and the heartbeat must be reconciled in full. A row
 /// another transaction holds (a placement pass binding workers there) is not waited for: the
 /// caller queues the liveness for the next batch, as for a heartbeat answered from memory, so
 /// heartbeats do not queue behind a pass, each holding a connection.
@@ -149,7 +168,7 @@ pub async fn beat_if_unchanged(
     machine: Uuid,
     usage: &Usage,
     r: &crate::store::copies::Reported,
-) -> sqlx::Result<Option<(Option<String>, Option<i64>, bool)>> {
+) -> sqlx::Result<Option<Unchanged>> {
     // A folder reported with another drive's id (or none) is not the copy of the drive of its
     // name: that differs, and the full reconcile names it for deletion.
     sqlx::query_as(
@@ -178,7 +197,8 @@ pub async fn beat_if_unchanged(
                  data_total_bytes = $2, data_used_bytes = $3, data_free_bytes = $4, data_reserve_bytes = $9
              FROM free WHERE m.id = free.id
              RETURNING m.id)
-         SELECT m.data_path, m.data_limit_bytes, EXISTS (SELECT 1 FROM written) AS written
+         SELECT m.data_path, m.data_limit_bytes, m.upload_bytes_per_second, m.download_bytes_per_second,
+             EXISTS (SELECT 1 FROM written) AS written
          FROM machines m WHERE m.id = $1 AND m.state = 'Ready' AND NOT EXISTS (SELECT 1 FROM differs)",
     )
     .bind(machine)
@@ -518,4 +538,23 @@ pub async fn delete(tx: &mut PgConnection, id: Uuid) -> sqlx::Result<bool> {
     sqlx::query("DELETE FROM runs WHERE fill_machine_id = $1").bind(id).execute(&mut *tx).await?;
     let done = sqlx::query("DELETE FROM machines WHERE id = $1").bind(id).execute(&mut *tx).await?;
     Ok(done.rows_affected() == 1)
+}
+
+/// Sets what the machine's agent may send to peers and receive from them; the machine, if it
+/// exists.
+pub async fn set_transfer_limits(
+    db: impl PgExecutor<'_>,
+    id: Uuid,
+    limits: &TransferLimits,
+) -> sqlx::Result<Option<MachineRecord>> {
+    let column = |r: Option<u64>| r.and_then(|r| i64::try_from(r).ok());
+    sqlx::query_as(&format!(
+        "UPDATE machines SET upload_bytes_per_second = $2, download_bytes_per_second = $3
+         WHERE id = $1 RETURNING {COLUMNS}"
+    ))
+    .bind(id)
+    .bind(column(limits.upload_bytes_per_second))
+    .bind(column(limits.download_bytes_per_second))
+    .fetch_optional(db)
+    .await
 }

@@ -36,8 +36,9 @@
 //!
 //! - **`copies_state_changed`** on `copies`, after UPDATE OF `state` when it changed, per row.
 //! - **`copies_deleted`** on `copies`, after DELETE, per row.
-//! - **`machines_report_changed`** on `machines`, after UPDATE OF `state`, `data_path` or
-//!   `data_limit_bytes` when one changed, per row.
+//! - **`machines_report_changed`** on `machines`, after UPDATE OF `state`, `data_path`,
+//!   `data_limit_bytes`, `upload_bytes_per_second` or `download_bytes_per_second` when one
+//!   changed, per row (0035_machine_transfer_limits).
 //! - **`machines_deleted`** on `machines`, after DELETE, per row.
 //!
 //! # Drives kept in memory

@@ -327,3 +327,76 @@ async fn a_copy_whose_pull_from_a_peer_runs_feeds_the_next_machine_and_when_it_f
     );
     assert_eq!(app.get("/workers/fill-food101-gpu-03-1").await.status, 200, "with a new worker");
 }
+
+#[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
+async fn an_organisation_admin_bounds_what_a_machine_sends_to_peers_and_its_heartbeats_bring_it(
+    db: sqlx::PgPool,
+) {
+    let app = spawn_app(db).await;
+    // Heartbeats answered from memory are forgotten when Postgres says the machine changed.
+    let listener = tokio::spawn(app.state.hub.clone().listen(app.db.clone()));
+    while !app.state.hub.listening() {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let gpu01 = app.join_with_room("gpu-01", 4).await;
+    let admin = app.token_for("default", Role::Admin, true).await;
+    let path = "/machines/gpu-01/transfer-limits";
+    let put = |body: Value, token: String| {
+        let app = &app;
+        async move { app.request(Method::PUT, path, Some(&token), Some(&body)).await }
+    };
+    let beat_limits = || async {
+        let reply = beat(&app, &gpu01, None, None).await;
+        assert_eq!(reply.status, 200, "{}", reply.text);
+        reply.json()["transfer_limits"].clone()
+    };
+    let none = json!({"upload_bytes_per_second": null, "download_bytes_per_second": null});
+    assert_eq!(beat_limits().await, none);
+
+    // A workspace admin may not: the machine is every workspace's.
+    let ws_admin = app.token_for("default", Role::Admin, false).await;
+    let refused = put(json!({"upload_bytes_per_second": 100_000_000}), ws_admin).await;
+    assert_eq!(refused.status, 403, "{}", refused.text);
+    // Out of bounds (422) or a field it does not know (400): the answer names it, and nothing
+    // is written.
+    let low = put(json!({"upload_bytes_per_second": 999_999}), admin.clone()).await;
+    assert_eq!(low.status, 422, "{}", low.text);
+    assert_eq!(low.fields()[0].0, "upload_bytes_per_second", "{}", low.text);
+    let high = put(json!({"download_bytes_per_second": 1_000_000_000_001u64}), admin.clone()).await;
+    assert_eq!(high.fields()[0].0, "download_bytes_per_second", "{}", high.text);
+    let unknown = put(json!({"upload_bytes_per_second": 100_000_000, "burst": 1}), admin.clone()).await;
+    assert_eq!((unknown.status.as_u16(), unknown.fields()[0].0.as_str()), (400, "burst"), "{}", unknown.text);
+    let machine = app.get("/machines/gpu-01").await.json();
+    assert_eq!(machine["status"]["transfer_limits"], none, "{machine}");
+
+    let set = put(json!({"upload_bytes_per_second": 100_000_000}), admin.clone()).await;
+    assert_eq!(set.status, 200, "{}", set.text);
+    let limited = json!({"upload_bytes_per_second": 100_000_000, "download_bytes_per_second": null});
+    assert_eq!(set.json()["status"]["transfer_limits"], limited);
+    assert_eq!(app.get("/machines/gpu-01").await.json()["status"]["transfer_limits"], limited);
+    // The next heartbeats bring the limits, answered in full or from memory alike: the
+    // change's notification makes the server forget the answer it kept.
+    let until_beat_says = |limits: Value| {
+        let beat_limits = &beat_limits;
+        async move {
+            let mut seen = beat_limits().await;
+            for _ in 0..100 {
+                if seen == limits {
+                    break;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                seen = beat_limits().await;
+            }
+            assert_eq!(seen, limits);
+            assert_eq!(beat_limits().await, limits, "and again, from memory");
+        }
+    };
+    until_beat_says(limited).await;
+    let lifted = put(none.clone(), admin.clone()).await;
+    assert_eq!(lifted.status, 200, "{}", lifted.text);
+    until_beat_says(none.clone()).await;
+    let elsewhere =
+        app.request(Method::PUT, "/machines/gpu-09/transfer-limits", Some(&admin), Some(&none)).await;
+    assert_eq!(elsewhere.status, 404, "{}", elsewhere.text);
+    listener.abort();
+}

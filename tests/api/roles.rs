@@ -168,6 +168,13 @@ async fn cases_for(app: &TestApp, who: Who) -> Vec<Case> {
         case(M::POST, "/machines/gpu-01/cordon".into(), Some(json!({})), Who::OrgAdmin, 404),
         case(M::POST, "/machines/gpu-01/uncordon".into(), Some(json!({})), Who::OrgAdmin, 404),
         case(M::POST, "/machines/gpu-01/drain".into(), Some(json!({})), Who::OrgAdmin, 404),
+        case(
+            M::PUT,
+            "/machines/gpu-01/transfer-limits".into(),
+            Some(json!({"upload_bytes_per_second": 100_000_000})),
+            Who::OrgAdmin,
+            404,
+        ),
         case(M::DELETE, "/machines/gpu-01".into(), None, Who::OrgAdmin, 404),
         case(M::POST, "/clusters".into(), Some(json!({"name": format!("cluster-{s}")})), Who::OrgAdmin, 201),
         case(
@@ -219,7 +226,7 @@ async fn each_role_may_change_exactly_what_it_is_allowed_to(db: sqlx::PgPool) {
             }
         }
     }
-    assert_eq!(seen, 4 * 21);
+    assert_eq!(seen, 4 * 22);
     assert!(wrong.is_empty(), "the role matrix is wrong:\n{wrong}");
 }
 

@@ -1297,6 +1297,95 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/v1/machines/{name}/transfer-limits": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        /**
+         * Bound what a machine's agent sends to peers and receives from them, in bytes a second over
+         *     all its transfers (its next heartbeat brings the limits; its own flags still hold where
+         *     lower). Uploads within their limit leave the machine's disk and network to the workers that
+         *     read its copies.
+         */
+        put: {
+            parameters: {
+                query?: {
+                    /** @description The machine's cluster; needed only when clusters share the name. */
+                    cluster?: string;
+                };
+                header?: never;
+                path: {
+                    name: string;
+                };
+                cookie?: never;
+            };
+            requestBody: {
+                content: {
+                    "application/json": components["schemas"]["TransferLimits"];
+                };
+            };
+            responses: {
+                200: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["Machine"];
+                    };
+                };
+                400: components["responses"]["BadRequest"];
+                401: components["responses"]["Unauthorized"];
+                /** @description Not an organisation admin's token */
+                403: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["ErrorBody"];
+                    };
+                };
+                404: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["ErrorBody"];
+                    };
+                };
+                /** @description Several clusters have a machine of that name: add `cluster` */
+                409: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["ErrorBody"];
+                    };
+                };
+                413: components["responses"]["PayloadTooLarge"];
+                415: components["responses"]["UnsupportedMediaType"];
+                422: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["ErrorBody"];
+                    };
+                };
+                429: components["responses"]["TooManyRequests"];
+                503: components["responses"]["Unavailable"];
+            };
+        };
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/v1/machines/{name}/uncordon": {
         parameters: {
             query?: never;
@@ -3068,6 +3157,11 @@ export interface components {
             /** Format: date-time */
             last_heartbeat_at: string;
             state: components["schemas"]["MachineState"];
+            /**
+             * @description What an organisation admin lets its agent send to peers and receive from them
+             *     (`PUT /machines/{name}/transfer-limits`).
+             */
+            transfer_limits: components["schemas"]["TransferLimits"];
         };
         MetaInput: {
             labels?: {
@@ -3318,6 +3412,23 @@ export interface components {
              * @description Lifetime in seconds (default 30 days, at most a year).
              */
             ttl_seconds?: number | null;
+        };
+        /**
+         * @description What an organisation admin lets a machine's agent send to peers and receive from them, in
+         *     bytes a second over all its transfers; `null` for no limit but the agent's own flags
+         *     (`--upload-bytes-per-second`, `--download-bytes-per-second`). The lower of the two holds.
+         */
+        TransferLimits: {
+            /**
+             * Format: int64
+             * @description 1 MB/s to 1 TB/s, or null.
+             */
+            download_bytes_per_second?: number | null;
+            /**
+             * Format: int64
+             * @description 1 MB/s to 1 TB/s, or null.
+             */
+            upload_bytes_per_second?: number | null;
         };
         /** @enum {string} */
         Transport: "Auto" | "Local";

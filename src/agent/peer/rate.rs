@@ -13,24 +13,66 @@ const NANOS: i128 = 1_000_000_000;
 /// The least burst: a few of the pieces a transfer moves at once.
 const MIN_BURST: u64 = 1 << 20;
 
-/// Bytes per second for every transfer that holds a clone.
-#[derive(Debug, Clone)]
-pub struct Rate(Arc<Mutex<Bucket>>);
+/// Bytes per second for every transfer that holds a clone: the agent's own bound (its flag) and
+/// the one the server sets for the machine, whichever is lower; no bound when neither is set.
+#[derive(Debug, Clone, Default)]
+pub struct Rate(Arc<Mutex<Bounds>>);
+
+#[derive(Debug, Default)]
+struct Bounds {
+    own: Option<NonZeroU64>,
+    set: Option<NonZeroU64>,
+    bucket: Option<Bucket>,
+}
 
 impl Rate {
-    /// A rate that lets a tenth of a second's bytes (at least 1 MiB) through at once.
+    /// A rate of `bytes_per_second`, letting a tenth of a second's bytes (at least 1 MiB)
+    /// through at once.
     pub fn new(bytes_per_second: NonZeroU64) -> Rate {
-        let rate = bytes_per_second.get();
-        Rate(Arc::new(Mutex::new(Bucket::new(rate, (rate / 10).max(MIN_BURST), now()))))
+        Rate::bounded(Some(bytes_per_second))
+    }
+
+    /// A rate bounded by `own`, if given; [`Rate::set`] may bound it further.
+    pub fn bounded(own: Option<NonZeroU64>) -> Rate {
+        Rate(Arc::new(Mutex::new(Bounds { own, set: None, bucket: own.map(bucket) })))
+    }
+
+    /// Bounds the rate by `set` too (the server's limit for this machine), or no longer.
+    pub fn set(&self, set: Option<NonZeroU64>) {
+        let mut b = self.0.lock().expect("not poisoned");
+        if b.set == set {
+            return;
+        }
+        let before = b.own.into_iter().chain(b.set).min();
+        b.set = set;
+        let after = b.own.into_iter().chain(b.set).min();
+        if after != before {
+            b.bucket = after.map(bucket);
+        }
+    }
+
+    /// The bytes a second it allows now; `None` for no bound.
+    pub fn limit(&self) -> Option<NonZeroU64> {
+        let b = self.0.lock().expect("not poisoned");
+        b.own.into_iter().chain(b.set).min()
     }
 
     /// Takes `bytes` and waits until the rate allows them.
     pub async fn take(&self, bytes: u64) {
-        let wait = self.0.lock().expect("not poisoned").take(bytes, now());
+        let wait = match &mut self.0.lock().expect("not poisoned").bucket {
+            Some(bucket) => bucket.take(bytes, now()),
+            None => return,
+        };
         if !wait.is_zero() {
             tokio::time::sleep(wait).await;
         }
     }
+}
+
+/// A full bucket of `rate`, with a tenth of a second's bytes (at least 1 MiB) of burst.
+fn bucket(rate: NonZeroU64) -> Bucket {
+    let rate = rate.get();
+    Bucket::new(rate, (rate / 10).max(MIN_BURST), now())
 }
 
 /// Tokio's clock, the one its sleeps follow.
@@ -109,6 +151,34 @@ mod tests {
         let mut b = Bucket::new(10_000_000_000, 1_000_000_000, t0);
         b.take(11_000_000_000, t0);
         assert_eq!(b.take(0, t0 + Duration::from_nanos(2)), Duration::from_nanos(999_999_998));
+    }
+
+    #[test]
+    fn the_lower_of_the_agents_own_bound_and_the_servers_holds() {
+        let n = |v| NonZeroU64::new(v);
+        let rate = Rate::bounded(n(100));
+        assert_eq!(rate.limit(), n(100));
+        rate.set(n(50));
+        assert_eq!(rate.limit(), n(50));
+        rate.set(n(500));
+        assert_eq!(rate.limit(), n(100), "the agent's own bound still holds");
+        rate.set(None);
+        assert_eq!(rate.limit(), n(100));
+        let free = Rate::default();
+        assert_eq!(free.limit(), None);
+        free.set(n(7));
+        assert_eq!(free.limit(), n(7));
+    }
+
+    #[tokio::test]
+    async fn a_rate_with_no_bound_lets_everything_through_at_once() {
+        use futures::FutureExt;
+        let free = Rate::default();
+        assert_eq!(free.take(u64::MAX).now_or_never(), Some(()));
+        assert_eq!(free.take(u64::MAX).now_or_never(), Some(()));
+        let bounded = Rate::new(NonZeroU64::new(1 << 20).unwrap());
+        assert_eq!(bounded.take(1 << 20).now_or_never(), Some(()), "the burst");
+        assert_eq!(bounded.take(1 << 20).now_or_never(), None, "then the pace");
     }
 
     #[tokio::test]

@@ -15,7 +15,6 @@
 //! Uploads are bounded in number (503 with Retry-After past it) and share one byte rate. The
 //! port serves HTTPS when given a certificate ([`super::tls`]), plain HTTP otherwise.
 
-use std::num::NonZeroU64;
 use std::os::fd::OwnedFd;
 use std::os::unix::fs::FileExt;
 use std::sync::{Arc, Mutex};
@@ -48,13 +47,12 @@ const PIECE: usize = 256 << 10;
 /// Parsed manifests kept in memory, most recently used: one may list millions of files.
 const PARSED_KEPT: usize = 2;
 
-/// How much the data port may send.
+/// How many uploads the data port serves at once; their bytes a second are the machine's
+/// upload rate (`Shared::upload`).
 #[derive(Debug, Clone)]
 pub struct ServeLimits {
     /// Uploads (manifests and files) at once.
     pub uploads: usize,
-    /// Bytes per second over all uploads; `None` for no limit.
-    pub bytes_per_second: Option<NonZeroU64>,
 }
 
 /// The data port's state.
@@ -67,7 +65,7 @@ pub struct Holder {
     manifests: Arc<Manifests>,
     keys: Arc<TrustedKeys>,
     uploads: Arc<Semaphore>,
-    rate: Option<Rate>,
+    rate: Rate,
     parsed: Mutex<Vec<Parsed>>,
     /// Cancelled when the port stops: uploads under way end at once.
     closing: CancellationToken,
@@ -90,11 +88,11 @@ impl Holder {
     ) -> Holder {
         Holder {
             machine,
+            rate: shared.upload.clone(),
             shared,
             manifests,
             keys,
             uploads: Arc::new(Semaphore::new(limits.uploads)),
-            rate: limits.bytes_per_second.map(Rate::new),
             parsed: Mutex::default(),
             closing: CancellationToken::new(),
         }
@@ -413,7 +411,7 @@ struct Upload {
     end: u64,
     /// For a file being received: how much of it may be read yet.
     follow: Option<Follow>,
-    rate: Option<Rate>,
+    rate: Rate,
     _permit: OwnedSemaphorePermit,
 }
 
@@ -448,9 +446,7 @@ impl Upload {
             Err(e) => return Some(Err(std::io::Error::other(e))),
         };
         self.at += buf.len() as u64;
-        if let Some(rate) = &self.rate {
-            rate.take(buf.len() as u64).await;
-        }
+        self.rate.take(buf.len() as u64).await;
         Some(Ok(Bytes::from(buf)))
     }
 }

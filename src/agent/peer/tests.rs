@@ -72,8 +72,7 @@ impl Source {
             tls::PemFile { flag: tls::KEY_FLAG, path, bytes: key.clone().into_bytes() },
         );
         let config = tls::server(&cert, &key, None).unwrap();
-        let mut source =
-            Source::serving(ServeLimits { uploads: 4, bytes_per_second: None }, Some(Arc::new(config))).await;
+        let mut source = Source::serving(ServeLimits { uploads: 4 }, Some(Arc::new(config))).await;
         let trusted = trusting(ca).client_config();
         source.http = reqwest::Client::builder()
             .use_preconfigured_tls(rustls::ClientConfig::clone(&trusted))
@@ -114,7 +113,7 @@ impl Source {
     }
 
     async fn new() -> Source {
-        Source::start(ServeLimits { uploads: 4, bytes_per_second: None }).await
+        Source::start(ServeLimits { uploads: 4 }).await
     }
 
     fn copy(&self) -> PathBuf {
@@ -212,7 +211,7 @@ impl Receiver {
         *shared.data_location.lock().unwrap() = Some(self.dir.path().to_path_buf());
         let machine = Uuid::now_v7();
         let trusted = Arc::new(TrustedKeys::fixed(source.keys.public()));
-        let limits = ServeLimits { uploads: 4, bytes_per_second: None };
+        let limits = ServeLimits { uploads: 4 };
         let holder = Arc::new(Holder::new(machine, shared, self.manifests.clone(), trusted, &limits));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = serve::address(listener.local_addr().unwrap(), false);
@@ -450,7 +449,7 @@ async fn only_files_the_manifest_lists_are_served_and_from_where_asked() {
 
 #[tokio::test]
 async fn uploads_past_the_limit_are_told_to_come_back() {
-    let source = Source::start(ServeLimits { uploads: 1, bytes_per_second: None }).await;
+    let source = Source::start(ServeLimits { uploads: 1 }).await;
     let token = source.token_with(|_| {});
     let big = format!("/v1/copies/{FOLDER}/files/{BIG}");
     // Headers read, body not: the upload holds its slot.
@@ -548,7 +547,7 @@ async fn a_data_port_over_tls_answers_past_a_peer_that_never_shakes_hands_and_st
     )
     .unwrap();
     let public = Keys::from_pem(&Keys::generate_pem().unwrap()).unwrap().public();
-    let limits = ServeLimits { uploads: 4, bytes_per_second: None };
+    let limits = ServeLimits { uploads: 4 };
     let holder = Holder::new(
         Uuid::now_v7(),
         Arc::default(),
@@ -731,7 +730,7 @@ async fn a_fill_from_a_peer_refused_its_token_again_fails_with_the_refusal() {
 
 #[tokio::test]
 async fn a_peer_fill_resumes_after_a_cut_and_waits_out_a_busy_holder() {
-    let source = Source::start(ServeLimits { uploads: 1, bytes_per_second: None }).await;
+    let source = Source::start(ServeLimits { uploads: 1 }).await;
     let receiver = Receiver::new();
     let client = server(Told::default()).await;
     let limits = PullLimits::default();

@@ -510,13 +510,18 @@ try {
     assert.equal((await api('DELETE', '/runs/queue')).status, 204);
   });
 
-  await step('the machine page lists its copy and its data location', async () => {
+  await step('the machine page lists its copy and its data location, and its transfer limits', async () => {
+    const limits = { upload_bytes_per_second: 100000000, download_bytes_per_second: null };
+    assert.equal((await api('PUT', `/machines/${machine}/transfer-limits`, limits)).status, 200);
     await page.goto(`${BASE}/machines/${machine}`);
+    await waitText(page.locator('dl.facts'), 'sends 100.0 MB/s, receives no limit');
     const copies = page.locator('section', { has: page.getByRole('heading', { name: 'Copies' }) });
     await waitText(copies, 'food101');
     await waitText(copies, 'Complete');
     await page.locator('.panel [role="progressbar"]').waitFor();
     await shot('17-machine-copy');
+    const lifted = { upload_bytes_per_second: null, download_bytes_per_second: null };
+    assert.equal((await api('PUT', `/machines/${machine}/transfer-limits`, lifted)).status, 200);
   });
 
   await step('the machine page lists the workers on it, each linked to its run', async () => {

@@ -22,6 +22,13 @@ import {
   Time,
 } from '../ui';
 
+/** What an organisation admin lets the machine send to peers and receive from them. */
+function transferLimits(t: Machine['status']['transfer_limits']): string {
+  const rate = (r: number | null | undefined) => (r ? `${bytes(r)}/s` : 'no limit');
+  if (!t.upload_bytes_per_second && !t.download_bytes_per_second) return 'no limit set';
+  return `sends ${rate(t.upload_bytes_per_second)}, receives ${rate(t.download_bytes_per_second)}`;
+}
+
 export function MachinePage({ name }: { name: string }) {
   useTitle(`Machine ${name}`);
   // It shows the copies kept there (a copy's change is its drive's) and the workers there (a
@@ -88,6 +95,8 @@ export function MachinePage({ name }: { name: string }) {
             </dd>
             <dt>Transports</dt>
             <dd>{m.spec.transports.length ? m.spec.transports.join(', ') : 'none'}</dd>
+            <dt>Transfers with peers</dt>
+            <dd>{transferLimits(m.status.transfer_limits)}</dd>
             <dt>Last heartbeat</dt>
             <dd>
               <Time iso={m.status.last_heartbeat_at} />

@@ -1,7 +1,7 @@
 //! Fills from peers on an in-process cluster with real agents: a copy pulled from the machine
-//! that holds it whole, checked against its manifest, over HTTPS when the data port has a
-//! certificate, resumed after a cut, given up for the origin when its holder goes, and a
-//! transfer token that opens one copy only.
+//! that holds it whole, or from one still pulling it, checked against its manifest, over HTTPS
+//! when the data port has a certificate, resumed after a cut, given up for the origin when its
+//! holder goes, and a transfer token that opens one copy only.
 
 mod cluster;
 
@@ -383,5 +383,38 @@ async fn a_copy_is_pulled_from_a_peer_over_https_and_a_certificate_refused_sends
     let copies = api.drive("blobs").await["copies"].clone();
     let gpu03 = copies.as_array().unwrap().iter().find(|c| c["node"] == "gpu-03").unwrap().clone();
     assert_eq!((&gpu03["state"], &gpu03["source"]), (&json!("Complete"), &json!("fill")), "{copies}");
+    cluster.stop().await;
+}
+
+#[sqlx::test(migrator = "astraeus::store::MIGRATOR")]
+async fn a_copy_being_pulled_feeds_the_next_machine_before_it_is_whole(pool: PgPool) {
+    let mut cluster = Cluster::start(&pool).await;
+    // gpu-01 sends 2 MB/s: gpu-02's pull of 24 MB lasts twelve seconds.
+    cluster.add_peer_machine_with("gpu-01", slow(false, 2_000_000)).await;
+    cluster.add_peer_machine("gpu-02").await;
+    cluster.add_peer_machine("gpu-03").await;
+    let api = cluster.api.clone();
+    api.create_drive(&placed_drive("big", BIG, true, BIG_FILL, 0.5)).await;
+    let digest = fill_on(&api, "big", "gpu-01").await;
+    let reader = |name: &str| run_mounting(name, "cmp -s /data/blob /data/blob", &["big"], 0.5);
+    api.create_run(&pinned(reader("second"), "gpu-02")).await;
+    wait_received(&cluster, "gpu-02", "default.big", "blob", 1).await;
+
+    // gpu-01 serves one pull at a time: gpu-03 pulls from gpu-02, which passes on each chunk it
+    // has checked while it still receives the rest.
+    api.create_run(&pinned(reader("third"), "gpu-03")).await;
+    wait_received(&cluster, "gpu-03", "default.big", "blob", CHUNK).await;
+    let gpu02 = copy_on(&api, "big", "gpu-02").await;
+    assert_eq!(gpu02["state"], json!("Filling"), "gpu-02 is not whole yet: {gpu02}");
+    assert!(received(&cluster, "gpu-02", "default.big", "blob") < BIG);
+
+    api.wait_completed("second").await;
+    api.wait_completed("third").await;
+    let gpu03 = copy_on(&api, "big", "gpu-03").await;
+    assert_eq!((&gpu03["state"], &gpu03["source"]), (&json!("Complete"), &json!("peer gpu-02")), "{gpu03}");
+    assert_eq!(manifest_of(&api, "gpu-03", "big").await, digest);
+    let blob =
+        |machine: &str| std::fs::read(cluster.machine(machine).copy_dir("default.big").join("blob")).unwrap();
+    assert!(blob("gpu-01") == blob("gpu-03"), "the copies differ");
     cluster.stop().await;
 }

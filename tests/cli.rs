@@ -328,6 +328,8 @@ async fn the_recipes_runs_logs_and_delete_lines_print_what_the_recipe_shows(pool
     let copy = described.lines().find(|l| l.trim_start().starts_with("food101")).unwrap_or_default();
     assert!(copy.contains("Complete"), "{described}");
     assert!(described.contains("Workers:\n  <none>\n"), "nothing runs there now: {described}");
+    let transfers = described.lines().find(|l| l.starts_with("Peer transfers")).unwrap_or_default();
+    assert!(transfers.ends_with("no limit set"), "{described}");
     // A drive holds its first 100 users; describe lists the rest too. These 101 ask for more
     // GPUs than gpu-01 has, so they stay Pending.
     let queue = dev.sh("jq '.metadata.name = \"queue\" | .spec.replicas = 101 \

@@ -218,7 +218,8 @@ pub fn field(out: &mut String, label: &str, value: impl AsRef<str>) {
     let label = format!("{label}:");
     let value = value.as_ref();
     let value = if value.is_empty() { "<none>" } else { value };
-    out.push_str(&format!("{label:<14}{value}\n"));
+    // A label too long for the column still leaves a space before its value.
+    out.push_str(&format!("{label:<13} {value}\n"));
 }
 
 /// `done` as a share of `total`, in whole percent (0 when there is no total).

@@ -280,12 +280,7 @@ async fn heartbeat(
     // here (`copies_state_changed` and its kin, see store::rules).
     if let Some(known) = app.hub.beats.known(caller.id, digest) {
         app.hub.beats.record(caller.id, &usage);
-        return Ok(Json(HeartbeatResponse {
-            data_location: known.data_location,
-            data_limit_bytes: known.data_limit_bytes,
-            delete_copies: vec![],
-            transfer_limits: known.transfer_limits,
-        }));
+        return Ok(Json(heartbeat_answer(known, vec![])));
     }
     let reported = store::copies::Reported {
         folders: req.copies.iter().map(|c| c.drive.clone()).collect(),
@@ -311,12 +306,7 @@ async fn heartbeat(
             ),
         };
         app.hub.beats.remember(caller.id, generation, digest, known.clone());
-        return Ok(Json(HeartbeatResponse {
-            data_location: known.data_location,
-            data_limit_bytes: known.data_limit_bytes,
-            delete_copies: vec![],
-            transfer_limits: known.transfer_limits,
-        }));
+        return Ok(Json(heartbeat_answer(known, vec![])));
     }
     // Rows are locked in one order everywhere, copies, then workers, then machines, so that
     // heartbeats, placement and deletions never wait on each other in a circle.
@@ -357,12 +347,18 @@ async fn heartbeat(
     }
     tx.commit().await?;
     let m = beat.machine;
-    Ok(Json(HeartbeatResponse {
+    let known = beats::Known {
         transfer_limits: m.transfer_limits(),
         data_location: m.data_path,
         data_limit_bytes: m.data_limit_bytes,
-        delete_copies: copies.delete,
-    }))
+    };
+    Ok(Json(heartbeat_answer(known, copies.delete)))
+}
+
+/// A heartbeat's answer: what the server says of the machine, and the copies to delete.
+fn heartbeat_answer(known: beats::Known, delete_copies: Vec<String>) -> HeartbeatResponse {
+    let beats::Known { data_location, data_limit_bytes, transfer_limits } = known;
+    HeartbeatResponse { data_location, data_limit_bytes, delete_copies, transfer_limits }
 }
 
 #[derive(Debug, Deserialize)]

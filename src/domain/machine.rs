@@ -28,8 +28,8 @@ pub struct TransferLimits {
     pub download_bytes_per_second: Option<u64>,
 }
 
-/// The rates an admin may set: below 1 MB/s a pull of a large file would outlast its peers'
-/// patience (a minute without a byte).
+/// The rates an admin may set: below 1 MB/s a dataset's copy would take days, and hold up
+/// every machine its pull feeds.
 pub const TRANSFER_RATES: RangeInclusive<u64> = 1_000_000..=1_000_000_000_000;
 
 impl TransferLimits {

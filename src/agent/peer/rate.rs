@@ -22,7 +22,14 @@ pub struct Rate(Arc<Mutex<Bounds>>);
 struct Bounds {
     own: Option<NonZeroU64>,
     set: Option<NonZeroU64>,
+    /// Of the lower of the two; none when neither is set.
     bucket: Option<Bucket>,
+}
+
+impl Bounds {
+    fn limit(&self) -> Option<NonZeroU64> {
+        self.own.into_iter().chain(self.set).min()
+    }
 }
 
 impl Rate {
@@ -43,18 +50,16 @@ impl Rate {
         if b.set == set {
             return;
         }
-        let before = b.own.into_iter().chain(b.set).min();
+        let before = b.limit();
         b.set = set;
-        let after = b.own.into_iter().chain(b.set).min();
-        if after != before {
-            b.bucket = after.map(bucket);
+        if b.limit() != before {
+            b.bucket = b.limit().map(bucket);
         }
     }
 
     /// The bytes a second it allows now; `None` for no bound.
     pub fn limit(&self) -> Option<NonZeroU64> {
-        let b = self.0.lock().expect("not poisoned");
-        b.own.into_iter().chain(b.set).min()
+        self.0.lock().expect("not poisoned").limit()
     }
 
     /// Takes `bytes` and waits until the rate allows them.

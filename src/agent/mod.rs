@@ -19,7 +19,7 @@ pub mod podman;
 pub mod sizes;
 pub mod worker;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::num::NonZeroU64;
 use std::path::{Path, PathBuf};
@@ -458,13 +458,30 @@ async fn heartbeat_loop(
     }
 }
 
-/// Drops the workers that ended from `running`; whether there were any.
-fn forget_ended(finished: &Mutex<Vec<Uuid>>, running: &mut HashMap<Uuid, CancellationToken>) -> bool {
-    let ended: Vec<Uuid> = finished.lock().expect("not poisoned").drain(..).collect();
+/// Drops the workers that ended from `running`; which they were.
+fn forget_ended(
+    finished: &Mutex<Vec<Uuid>>,
+    running: &mut HashMap<Uuid, CancellationToken>,
+) -> HashSet<Uuid> {
+    let ended: HashSet<Uuid> = finished.lock().expect("not poisoned").drain(..).collect();
     for id in &ended {
         running.remove(id);
     }
-    !ended.is_empty()
+    ended
+}
+
+/// The workers of an answer to start here: those it lists that are not running, but for those
+/// that ended while it was on its way (see `assignment_loop`).
+fn to_start<'a>(
+    wanted: &HashMap<Uuid, &'a Assignment>,
+    running: &HashMap<Uuid, CancellationToken>,
+    just_ended: &HashSet<Uuid>,
+) -> Vec<(Uuid, &'a Assignment)> {
+    wanted
+        .iter()
+        .filter(|(id, _)| !running.contains_key(*id) && !just_ended.contains(*id))
+        .map(|(id, a)| (*id, *a))
+        .collect()
 }
 
 /// Long-polls for assignments and makes the running workers match them.
@@ -486,7 +503,7 @@ async fn assignment_loop(
     let mut held = false;
     loop {
         // A worker that ended here may still be listed (its report unheard): ask for the list.
-        if forget_ended(&finished, &mut running) {
+        if !forget_ended(&finished, &mut running).is_empty() {
             held = false;
         }
         let answer = tokio::select! {
@@ -515,8 +532,12 @@ async fn assignment_loop(
             Some(dir) => shared.confirm(&machine.own, Some(dir)),
             None => shared.data_location.lock().expect("not poisoned").clone(),
         };
-        forget_ended(&finished, &mut running);
-        held = true;
+        // Those that ended while this answer was on its way may be listed still, as running: it
+        // may have been read before their end was reported. Run again, a fill would remove the
+        // marker of the copy it has just made whole. The next answer, asked for after they
+        // ended, is sure of them.
+        let just_ended = forget_ended(&finished, &mut running);
+        held = just_ended.is_empty();
         let wanted: HashMap<Uuid, &Assignment> = assignments.workers.iter().map(|a| (a.uid, a)).collect();
         running.retain(|id, token| {
             let keep = wanted.contains_key(id);
@@ -527,20 +548,16 @@ async fn assignment_loop(
             keep
         });
         let mut adopted = left.take().unwrap_or_default();
-        for (id, a) in &wanted {
-            if running.contains_key(id) {
-                continue;
-            }
+        for (id, a) in to_start(&wanted, &running, &just_ended) {
             let token = stop.child_token();
-            running.insert(*id, token.clone());
+            running.insert(id, token.clone());
             // A fill from a peer runs no container: one found for it is removed below.
-            let found = if a.peer.is_some() { None } else { adopted.remove(id) };
+            let found = if a.peer.is_some() { None } else { adopted.remove(&id) };
             // Taken here, not in the task: the manifests may be made once this answer is acted on.
             let hold = manifests.hold(data.as_deref(), a);
             let (client, machine, data, finished, a) =
-                (client.clone(), machine.clone(), data.clone(), finished.clone(), (*a).clone());
+                (client.clone(), machine.clone(), data.clone(), finished.clone(), a.clone());
             let (manifests, shared) = (manifests.clone(), shared.clone());
-            let id = *id;
             workers.spawn(async move {
                 match a.peer.clone() {
                     Some(source) => {
@@ -584,6 +601,30 @@ async fn stop_all(running: &HashMap<Uuid, CancellationToken>, workers: &TaskTrac
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_answer_starts_what_it_lists_but_what_runs_and_what_ended_while_it_came() {
+        let a = |n: u128| {
+            serde_json::from_value::<Assignment>(serde_json::json!({
+                "uid": Uuid::from_u128(n), "name": format!("w-{n}"), "run": "r", "namespace": "default",
+                "state": "Running", "image": "busybox", "command": "true", "args": [], "env": {},
+                "time_limit_seconds": null, "mounts": [], "id_slot": 1, "fill": true,
+                "resources": {"cpu_cores": 1.0, "memory_bytes": 1, "gpus": 0},
+            }))
+            .unwrap()
+        };
+        let listed = [a(1), a(2), a(3)];
+        let wanted: HashMap<Uuid, &Assignment> = listed.iter().map(|a| (a.uid, a)).collect();
+        let running = HashMap::from([(Uuid::from_u128(1), CancellationToken::new())]);
+        // A fill that ended as the answer came, read before its end was heard: not filled again.
+        let just_ended = HashSet::from([Uuid::from_u128(2)]);
+        let started: Vec<Uuid> =
+            to_start(&wanted, &running, &just_ended).into_iter().map(|(id, _)| id).collect();
+        assert_eq!(started, vec![Uuid::from_u128(3)]);
+        // The next answer, asked for after it ended, is sure of it: listed still, it runs again.
+        let started = to_start(&wanted, &running, &HashSet::new()).len();
+        assert_eq!(started, 2);
+    }
 
     #[test]
     fn the_transfer_limits_a_heartbeat_brings_bound_the_agents_rates_below_its_flags() {

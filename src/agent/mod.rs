@@ -458,6 +458,9 @@ async fn heartbeat_loop(
     }
 }
 
+/// How long an agent's request for assignments waits for a change.
+const LONG_POLL_SECONDS: u64 = 30;
+
 /// Drops the workers that ended from `running`; which they were.
 fn forget_ended(
     finished: &Mutex<Vec<Uuid>>,
@@ -501,6 +504,8 @@ async fn assignment_loop(
     let mut version = 0;
     // Whether `running` follows the answer for `version`; until then the whole list is asked for.
     let mut held = false;
+    // Seconds the server may hold the next request until something changes.
+    let mut wait = LONG_POLL_SECONDS;
     loop {
         // A worker that ended here may still be listed (its report unheard): ask for the list.
         if !forget_ended(&finished, &mut running).is_empty() {
@@ -508,7 +513,7 @@ async fn assignment_loop(
         }
         let answer = tokio::select! {
             _ = stop.cancelled() => break,
-            a = client.assignments(version, held, 30) => a,
+            a = client.assignments(version, held, wait) => a,
         };
         let assignments = match answer {
             Ok(Some(a)) => a,
@@ -532,13 +537,15 @@ async fn assignment_loop(
             Some(dir) => shared.confirm(&machine.own, Some(dir)),
             None => shared.data_location.lock().expect("not poisoned").clone(),
         };
-        // Those that ended while this answer was on its way may be listed still, as running: it
-        // may have been read before their end was reported. Run again, a fill would remove the
-        // marker of the copy it has just made whole. The next answer, asked for after they
-        // ended, is sure of them.
+        // Those that ended while this answer was on its way and that it lists are not run from
+        // it: it may have been read before their end was reported, and run again, a fill would
+        // remove the marker of the copy it has just made whole. The list is asked for again at
+        // once: read after they ended, it is sure of them (a worker that restarts is listed).
         let just_ended = forget_ended(&finished, &mut running);
-        held = just_ended.is_empty();
         let wanted: HashMap<Uuid, &Assignment> = assignments.workers.iter().map(|a| (a.uid, a)).collect();
+        let unsure = wanted.keys().any(|id| just_ended.contains(id));
+        held = !unsure;
+        wait = if unsure { 0 } else { LONG_POLL_SECONDS };
         running.retain(|id, token| {
             let keep = wanted.contains_key(id);
             if !keep {

@@ -330,6 +330,22 @@ async fn the_recipes_runs_logs_and_delete_lines_print_what_the_recipe_shows(pool
     assert!(described.contains("Workers:\n  <none>\n"), "nothing runs there now: {described}");
     let transfers = described.lines().find(|l| l.starts_with("Peer transfers")).unwrap_or_default();
     assert!(transfers.ends_with("no limit set"), "{described}");
+    // An organisation admin bounds its peer transfers: a limit left out stays as it was.
+    fn limit<'a>(args: &[&'a str]) -> Vec<&'a str> {
+        [&["astraeus", "limit-transfers", "gpu-01"], args].concat()
+    }
+    let set = dev.ok(&limit(&["--upload-bytes-per-second", "100000000"]));
+    assert_eq!(set.trim(), "gpu-01 sends 100.0 MB/s, receives no limit");
+    let set = dev.ok(&limit(&["--download-bytes-per-second", "2500000000"]));
+    assert_eq!(set.trim(), "gpu-01 sends 100.0 MB/s, receives 2.5 GB/s");
+    let refused = dev.astra(&limit(&["--download-bytes-per-second", "5"]));
+    assert!(!refused.status.success(), "below the floor");
+    assert!(stderr(&refused).contains("download_bytes_per_second"), "{}", stderr(&refused));
+    let described = dev.ok(&["astraeus", "describe", "machine", "gpu-01"]);
+    let transfers = described.lines().find(|l| l.starts_with("Peer transfers")).unwrap_or_default();
+    assert!(transfers.ends_with("sends 100.0 MB/s, receives 2.5 GB/s"), "{described}");
+    let set = dev.ok(&limit(&["--upload-bytes-per-second", "none", "--download-bytes-per-second", "none"]));
+    assert_eq!(set.trim(), "gpu-01 no limit set");
     // A drive holds its first 100 users; describe lists the rest too. These 101 ask for more
     // GPUs than gpu-01 has, so they stay Pending.
     let queue = dev.sh("jq '.metadata.name = \"queue\" | .spec.replicas = 101 \

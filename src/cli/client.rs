@@ -92,6 +92,10 @@ impl Client {
         self.json(self.send(Method::POST, path, &[], Some(body), false).await?).await
     }
 
+    pub async fn put(&self, path: &str, body: &Value) -> Result<Value> {
+        self.json(self.send(Method::PUT, path, &[], Some(body), false).await?).await
+    }
+
     pub async fn delete(&self, path: &str) -> Result<()> {
         self.send(Method::DELETE, path, &[], None, false).await.map(drop)
     }

@@ -348,7 +348,7 @@ async fn drive_text(client: &Client, drive: &Value, out: &mut String) -> Result<
 }
 
 /// What an organisation admin lets a machine send to peers and receive from them.
-fn transfer_limits(t: &Value) -> String {
+pub fn transfer_limits(t: &Value) -> String {
     let (up, down) = (&t["upload_bytes_per_second"], &t["download_bytes_per_second"]);
     if up.is_null() && down.is_null() {
         return "no limit set".into();

@@ -1,5 +1,6 @@
 //! `cordon`, `uncordon` and `drain`: an organisation admin's say over a machine's life
-//! (`delete machine NAME` is with the other deletions).
+//! (`delete machine NAME` is with the other deletions); `limit-transfers`: what it may send to
+//! peers and receive from them.
 
 use std::time::Duration;
 
@@ -17,6 +18,58 @@ pub struct DrainArgs {
     /// How long its running workers may go on (e.g. 30m, 1h); those left then fail.
     #[arg(long, default_value = "1h", value_parser = parse_duration)]
     pub deadline: Duration,
+}
+
+#[derive(Debug, Args)]
+pub struct LimitArgs {
+    pub name: String,
+    /// Bytes a second it may send to peers (1000000 to 10^12), or `none`; unchanged when left out.
+    #[arg(long, value_name = "BYTES|none", value_parser = parse_rate)]
+    pub upload_bytes_per_second: Option<Rate>,
+    /// Bytes a second it may receive from peers, or `none`; unchanged when left out.
+    #[arg(long, value_name = "BYTES|none", value_parser = parse_rate)]
+    pub download_bytes_per_second: Option<Rate>,
+}
+
+/// A transfer limit as given: bytes a second, or none.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rate(Option<u64>);
+
+fn parse_rate(s: &str) -> std::result::Result<Rate, String> {
+    match s {
+        "none" => Ok(Rate(None)),
+        _ => s
+            .parse()
+            .map(|n| Rate(Some(n)))
+            .map_err(|_| format!("{s:?} is neither bytes a second nor `none`")),
+    }
+}
+
+/// Sets the machine's transfer limits, each left out kept as the server has it; the server
+/// checks the range and says which field is out of it.
+pub async fn limit(ctx: &Ctx, args: LimitArgs) -> Result<()> {
+    let client = ctx.client()?;
+    let path = Kind::Machine.path(&args.name);
+    let about = |e: super::error::CliError| e.about("machine", &args.name);
+    let now = client.get(&path).await.map_err(about)?;
+    let now = &now["status"]["transfer_limits"];
+    let pick = |given: Option<Rate>, field: &str| match given {
+        Some(Rate(rate)) => json!(rate),
+        None => now[field].clone(),
+    };
+    let body = json!({
+        "upload_bytes_per_second": pick(args.upload_bytes_per_second, "upload_bytes_per_second"),
+        "download_bytes_per_second": pick(args.download_bytes_per_second, "download_bytes_per_second"),
+    });
+    let machine = client.put(&format!("{path}/transfer-limits"), &body).await.map_err(about)?;
+    match ctx.format {
+        Format::Json => output::emit(&output::json(&machine)),
+        Format::Name => output::emit(&format!("machine/{}\n", args.name)),
+        _ => {
+            let limits = super::describe::transfer_limits(&machine["status"]["transfer_limits"]);
+            output::emit(&format!("{} {limits}\n", args.name))
+        }
+    }
 }
 
 /// What a lifecycle command asks of the machine.
@@ -66,6 +119,14 @@ fn lifecycle(status: &Value) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_transfer_limit_is_bytes_a_second_or_none() {
+        assert_eq!(parse_rate("100000000"), Ok(Rate(Some(100_000_000))));
+        assert_eq!(parse_rate("none"), Ok(Rate(None)));
+        assert!(parse_rate("100MB").unwrap_err().contains("neither bytes a second nor `none`"));
+        assert!(parse_rate("-1").is_err());
+    }
 
     #[test]
     fn the_state_column_says_whether_a_machine_takes_new_workers() {

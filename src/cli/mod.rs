@@ -147,6 +147,8 @@ pub enum Astraeus {
     /// Cordon a machine, place its waiting workers elsewhere and give its running workers until
     /// a deadline (organisation admins).
     Drain(machines::DrainArgs),
+    /// Set what a machine may send to peers and receive from them (organisation admins).
+    LimitTransfers(machines::LimitArgs),
     /// Create the runs, drives and secrets of a JSON file that do not exist yet.
     Apply(apply::ApplyArgs),
     /// Wait until a run or worker reaches a state, or an object is deleted.
@@ -207,6 +209,7 @@ async fn astraeus(ctx: &Ctx, command: Astraeus) -> Result<()> {
         Astraeus::Cordon { name } => machines::run(ctx, &name, machines::Action::Cordon).await,
         Astraeus::Uncordon { name } => machines::run(ctx, &name, machines::Action::Uncordon).await,
         Astraeus::Drain(args) => machines::run(ctx, &args.name, machines::Action::Drain(args.deadline)).await,
+        Astraeus::LimitTransfers(args) => machines::limit(ctx, args).await,
         Astraeus::Apply(args) => apply::run(ctx, args).await,
         Astraeus::Wait(args) => wait::wait(ctx, args).await,
     }

@@ -553,6 +553,24 @@ try {
     await eventually('the API says gpu-01 takes new workers', async () => (await cordoned()) === false);
   });
 
+  await step('Machines → gpu-01 → Transfers with peers: a limit out of range is named, one in range is saved', async () => {
+    await page.goto(`${BASE}/machines/gpu-01`);
+    const transfers = page.locator('section', { has: page.getByRole('heading', { name: 'Transfers with peers' }) });
+    await transfers.getByLabel('Sends at most (MB/s)').fill('0.5');
+    await transfers.getByRole('button', { name: 'Save limits' }).click();
+    await waitText(transfers.locator('#upload-rate-error'), 'must be 1000000');
+    await waitText(transfers, 'Not changed: one field needs a change');
+    await transfers.getByLabel('Sends at most (MB/s)').fill('100');
+    await transfers.getByRole('button', { name: 'Save limits' }).click();
+    await waitText(page.locator('dl.facts'), 'sends 100.0 MB/s, receives no limit');
+    const limits = (await api('GET', '/machines/gpu-01')).body.status.transfer_limits;
+    assert.deepEqual(limits, { upload_bytes_per_second: 100000000, download_bytes_per_second: null });
+    await shot('17c-machine-transfer-limits');
+    await transfers.getByLabel('Sends at most (MB/s)').fill('');
+    await transfers.getByRole('button', { name: 'Save limits' }).click();
+    await waitText(page.locator('dl.facts'), 'no limit set');
+  });
+
   await step('Drives counts the drive’s copies by state', async () => {
     await clickNav('Drives');
     await waitText(page.locator('tr', { hasText: 'food101' }), '1 complete');

@@ -1,5 +1,5 @@
 import { useState } from 'preact/hooks';
-import { ApiError, del, enc, get, type Machine, post } from '../api';
+import { ApiError, del, enc, get, type Machine, post, put } from '../api';
 import { claims } from '../auth';
 import { bytes, cores, mem } from '../format';
 import { Events } from '../events';
@@ -116,6 +116,7 @@ export function MachinePage({ name }: { name: string }) {
           </dl>
 
           {claims()?.org ? <Schedule machine={m} onChanged={machine.reload} /> : null}
+          {claims()?.org ? <Transfers machine={m} onChanged={machine.reload} /> : null}
 
           <DataLocation machine={m} onChanged={machine.reload} />
 
@@ -426,6 +427,88 @@ function Schedule({ machine, onChanged }: { machine: Machine; onChanged: () => v
           </button>
         </form>
       ) : null}
+      <FormError error={error} action="Not changed" />
+    </section>
+  );
+}
+
+/** MB/s as typed, in bytes a second: empty is no limit; what is not a number goes to the API as -1 for its message. */
+function rateOf(text: string): number | null {
+  if (!text.trim()) return null;
+  const n = Number(text);
+  return Number.isFinite(n) ? Math.round(n * 1e6) : -1;
+}
+
+/** A limit in bytes a second as typed in MB/s; empty for none. */
+function typed(rate: number | null | undefined): string {
+  return rate ? String(rate / 1e6) : '';
+}
+
+/** Machines → machine → Transfers with peers: what it may send and receive (organisation admins). */
+function Transfers({ machine, onChanged }: { machine: Machine; onChanged: () => void }) {
+  const limits = machine.status.transfer_limits;
+  const [upload, setUpload] = useState(typed(limits.upload_bytes_per_second));
+  const [download, setDownload] = useState(typed(limits.download_bytes_per_second));
+  const [busy, setBusy] = useState(false);
+  const [error, setError] = useState<unknown>();
+  const save = async (e: Event) => {
+    e.preventDefault();
+    setBusy(true);
+    setError(undefined);
+    try {
+      const path = `/machines/${enc(machine.metadata.name)}/transfer-limits?cluster=${enc(machine.spec.cluster)}`;
+      await put<Machine>(path, { upload_bytes_per_second: rateOf(upload), download_bytes_per_second: rateOf(download) });
+      onChanged();
+    } catch (err) {
+      setError(err);
+    } finally {
+      setBusy(false);
+    }
+  };
+  return (
+    <section aria-labelledby="transfers">
+      <h2 id="transfers">Transfers with peers</h2>
+      <p>
+        What this machine may send to the machines that fill their copies from it, and receive from those it fills
+        from; its agent's own limits hold where lower. Leave a field empty for no limit.
+      </p>
+      <form onSubmit={save} novalidate class="form compact">
+        <Field
+          id="upload-rate"
+          label="Sends at most (MB/s)"
+          hint="1 MB/s to 1 TB/s"
+          paths={['upload_bytes_per_second']}
+          error={error}
+        >
+          <input
+            {...described('upload-rate', error, ['upload_bytes_per_second'], true)}
+            type="number"
+            min="1"
+            step="any"
+            value={upload}
+            onInput={(e) => setUpload(e.currentTarget.value)}
+          />
+        </Field>
+        <Field
+          id="download-rate"
+          label="Receives at most (MB/s)"
+          hint="1 MB/s to 1 TB/s"
+          paths={['download_bytes_per_second']}
+          error={error}
+        >
+          <input
+            {...described('download-rate', error, ['download_bytes_per_second'], true)}
+            type="number"
+            min="1"
+            step="any"
+            value={download}
+            onInput={(e) => setDownload(e.currentTarget.value)}
+          />
+        </Field>
+        <button type="submit" disabled={busy}>
+          Save limits
+        </button>
+      </form>
       <FormError error={error} action="Not changed" />
     </section>
   );

@@ -58,6 +58,9 @@ pub fn pass(world: &mut World, plan: &Plan, now: Ms) -> anyhow::Result<()> {
                     let (m, d) = (index(machine), index(drive));
                     world.fills.start(now, m, d, world.drives[d].size);
                     world.fills_started += 1;
+                    if !world.filled_on.insert((m, d)) {
+                        world.bytes_refilled += world.drives[d].size as f64;
+                    }
                 }
                 Change::EnsureCopy { drive, machine } => {
                     world.ensure_copy(index(machine), index(drive))?;

@@ -38,6 +38,9 @@ pub struct Figures {
     pub workers_never_placed: usize,
     pub runs_started: usize,
     pub bytes_filled: f64,
+    /// Of `bytes_filled`, those of fills on a machine that had held a copy of the drive before
+    /// (refills after an eviction); the rest made a drive's first copy on a machine.
+    pub bytes_refilled: f64,
     pub bytes_lower_bound: f64,
     /// The sizes of the drives any worker mounted: each was filled at least once, whatever the
     /// policy and its schedule.
@@ -117,6 +120,7 @@ impl Figures {
             workers_never_placed: world.workers.len() - placed.len(),
             runs_started: started.len(),
             bytes_filled: world.fills.written,
+            bytes_refilled: world.bytes_refilled,
             bytes_lower_bound: bound,
             bytes_mounted: mounted,
             fills: world.fills_started,

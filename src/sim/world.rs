@@ -3,7 +3,7 @@
 //! and reclaimable bytes as the product's totals would read them.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeSet, BinaryHeap, HashMap};
+use std::collections::{BTreeSet, BinaryHeap, HashMap, HashSet};
 
 use uuid::Uuid;
 
@@ -127,6 +127,11 @@ pub struct World {
     pub staged: BTreeSet<(usize, usize)>,
     pub evictions: u64,
     pub fills_started: u64,
+    /// The (machine, drive) pairs a fill ever started on.
+    pub filled_on: HashSet<(usize, usize)>,
+    /// Bytes of fills on a machine that had held a copy of the drive before: refills after an
+    /// eviction.
+    pub bytes_refilled: f64,
     /// Copies filled ahead for queued runs, in all.
     pub staged_total: u64,
     /// Workers bound where a drive was not whole, whose drives were all whole on some other
@@ -250,6 +255,8 @@ impl World {
             staged: BTreeSet::new(),
             evictions: 0,
             fills_started: 0,
+            filled_on: HashSet::new(),
+            bytes_refilled: 0.0,
             staged_total: 0,
             cold_beside_warm: 0,
         }

@@ -473,43 +473,43 @@ function Transfers({ machine, onChanged }: { machine: Machine; onChanged: () => 
         from; its agent's own limits hold where lower. Leave a field empty for no limit.
       </p>
       <form onSubmit={save} novalidate class="form compact">
-        <Field
-          id="upload-rate"
-          label="Sends at most (MB/s)"
-          hint="1 MB/s to 1 TB/s"
-          paths={['upload_bytes_per_second']}
-          error={error}
-        >
-          <input
-            {...described('upload-rate', error, ['upload_bytes_per_second'], true)}
-            type="number"
-            min="1"
-            step="any"
-            value={upload}
-            onInput={(e) => setUpload(e.currentTarget.value)}
-          />
-        </Field>
-        <Field
+        <RateField id="upload-rate" label="Sends at most (MB/s)" path="upload_bytes_per_second" value={upload} onInput={setUpload} error={error} />
+        <RateField
           id="download-rate"
           label="Receives at most (MB/s)"
-          hint="1 MB/s to 1 TB/s"
-          paths={['download_bytes_per_second']}
+          path="download_bytes_per_second"
+          value={download}
+          onInput={setDownload}
           error={error}
-        >
-          <input
-            {...described('download-rate', error, ['download_bytes_per_second'], true)}
-            type="number"
-            min="1"
-            step="any"
-            value={download}
-            onInput={(e) => setDownload(e.currentTarget.value)}
-          />
-        </Field>
+        />
         <button type="submit" disabled={busy}>
           Save limits
         </button>
       </form>
       <FormError error={error} action="Not changed" />
     </section>
+  );
+}
+
+/** A transfer limit in MB/s, with what the API said of its field. */
+function RateField(p: {
+  id: string;
+  label: string;
+  path: string;
+  value: string;
+  onInput: (v: string) => void;
+  error: unknown;
+}) {
+  return (
+    <Field id={p.id} label={p.label} hint="1 MB/s to 1 TB/s" paths={[p.path]} error={p.error}>
+      <input
+        {...described(p.id, p.error, [p.path], true)}
+        type="number"
+        min="1"
+        step="any"
+        value={p.value}
+        onInput={(e) => p.onInput(e.currentTarget.value)}
+      />
+    </Field>
   );
 }

@@ -9,7 +9,7 @@ use super::client::Client;
 use super::error::Result;
 use super::events::Event;
 use super::lists::{self, array, yes_no};
-use super::output::{self, Format, Table, bytes, col, field, name_of, state_cell, text, when};
+use super::output::{self, Format, Table, bytes, col, cores, field, name_of, state_cell, text, when};
 use super::{Ctx, Kind};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -82,15 +82,6 @@ fn command_line(task: &Value) -> String {
         .map(quote)
         .collect::<Vec<_>>()
         .join(" ")
-}
-
-/// `1`, `0.5`: cores without a trailing `.0`.
-pub fn cores(v: &Value) -> String {
-    match v.as_f64() {
-        Some(c) if c.fract() == 0.0 => format!("{c:.0}"),
-        Some(c) => c.to_string(),
-        None => text(v),
-    }
 }
 
 fn task_text(task: &Value, out: &mut String) {
@@ -347,16 +338,6 @@ async fn drive_text(client: &Client, drive: &Value, out: &mut String) -> Result<
     Ok(events)
 }
 
-/// What an organisation admin lets a machine send to peers and receive from them.
-pub fn transfer_limits(t: &Value) -> String {
-    let (up, down) = (&t["upload_bytes_per_second"], &t["download_bytes_per_second"]);
-    if up.is_null() && down.is_null() {
-        return "no limit set".into();
-    }
-    let rate = |r: &Value| if r.is_null() { "no limit".to_owned() } else { format!("{}/s", bytes(r)) };
-    format!("sends {}, receives {}", rate(up), rate(down))
-}
-
 async fn machine_text(client: &Client, m: &Value, out: &mut String) -> Result<Vec<Event>> {
     meta(m, out);
     let (spec, status, name) = (&m["spec"], &m["status"], name_of(m));
@@ -372,7 +353,7 @@ async fn machine_text(client: &Client, m: &Value, out: &mut String) -> Result<Ve
     field(out, "CPU", format!("{} allocated", lists::used_of(status, spec, "cpu_cores", false)));
     field(out, "Memory", format!("{} allocated", lists::used_of(status, spec, "memory_bytes", true)));
     field(out, "GPUs", format!("{} allocated", lists::used_of(status, spec, "gpus", false)));
-    field(out, "Peer transfers", transfer_limits(&status["transfer_limits"]));
+    field(out, "Peer transfers", super::machines::transfer_limits(&status["transfer_limits"]));
     let d = &status["data_location"];
     out.push_str("Data location:\n");
     let path = if d["confirmed"].as_bool() == Some(true) {
@@ -454,17 +435,6 @@ mod tests {
     fn a_command_is_quoted_as_a_shell_would_read_it() {
         let task = json!({"command": "sh", "args": ["-c", "echo 'hi' && ls /data"]});
         assert_eq!(command_line(&task), r"sh -c 'echo '\''hi'\'' && ls /data'");
-    }
-
-    #[test]
-    fn a_machines_transfer_limits_read_as_rates_or_none() {
-        let limits = |up: Value, down: Value| {
-            transfer_limits(&json!({"upload_bytes_per_second": up, "download_bytes_per_second": down}))
-        };
-        assert_eq!(limits(Value::Null, Value::Null), "no limit set");
-        assert_eq!(limits(json!(100_000_000), Value::Null), "sends 100.0 MB/s, receives no limit");
-        assert_eq!(limits(Value::Null, json!(2_500_000_000u64)), "sends no limit, receives 2.5 GB/s");
-        assert_eq!(transfer_limits(&Value::Null), "no limit set", "a server that does not say");
     }
 
     #[test]

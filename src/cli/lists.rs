@@ -157,7 +157,7 @@ pub fn used_of(status: &Value, spec: &Value, key: &str, as_bytes: bool) -> Strin
     if as_bytes {
         format!("{}/{}", bytes(a), bytes(c))
     } else {
-        format!("{}/{}", super::describe::cores(a), super::describe::cores(c))
+        format!("{}/{}", output::cores(a), output::cores(c))
     }
 }
 

@@ -8,7 +8,7 @@ use clap::Args;
 use serde_json::{Value, json};
 
 use super::error::Result;
-use super::output::{self, Format, text};
+use super::output::{self, Format, bytes, text};
 use super::wait::parse_duration;
 use super::{Ctx, Kind};
 
@@ -66,10 +66,20 @@ pub async fn limit(ctx: &Ctx, args: LimitArgs) -> Result<()> {
         Format::Json => output::emit(&output::json(&machine)),
         Format::Name => output::emit(&format!("machine/{}\n", args.name)),
         _ => {
-            let limits = super::describe::transfer_limits(&machine["status"]["transfer_limits"]);
+            let limits = transfer_limits(&machine["status"]["transfer_limits"]);
             output::emit(&format!("{} {limits}\n", args.name))
         }
     }
+}
+
+/// What an organisation admin lets a machine send to peers and receive from them.
+pub fn transfer_limits(t: &Value) -> String {
+    let (up, down) = (&t["upload_bytes_per_second"], &t["download_bytes_per_second"]);
+    if up.is_null() && down.is_null() {
+        return "no limit set".into();
+    }
+    let rate = |r: &Value| if r.is_null() { "no limit".to_owned() } else { format!("{}/s", bytes(r)) };
+    format!("sends {}, receives {}", rate(up), rate(down))
 }
 
 /// What a lifecycle command asks of the machine.
@@ -119,6 +129,17 @@ fn lifecycle(status: &Value) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_machines_transfer_limits_read_as_rates_or_none() {
+        let limits = |up: Value, down: Value| {
+            transfer_limits(&json!({"upload_bytes_per_second": up, "download_bytes_per_second": down}))
+        };
+        assert_eq!(limits(Value::Null, Value::Null), "no limit set");
+        assert_eq!(limits(json!(100_000_000), Value::Null), "sends 100.0 MB/s, receives no limit");
+        assert_eq!(limits(Value::Null, json!(2_500_000_000u64)), "sends no limit, receives 2.5 GB/s");
+        assert_eq!(transfer_limits(&Value::Null), "no limit set", "a server that does not say");
+    }
 
     #[test]
     fn a_transfer_limit_is_bytes_a_second_or_none() {

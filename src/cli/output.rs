@@ -234,6 +234,15 @@ pub fn bar(done: u64, total: u64, cells: usize) -> String {
     format!("[{}{}] {:>3}%", "#".repeat(full), "-".repeat(cells - full), percent(done, total))
 }
 
+/// `1`, `0.5`: cores without a trailing `.0`.
+pub fn cores(v: &Value) -> String {
+    match v.as_f64() {
+        Some(c) if c.fract() == 0.0 => format!("{c:.0}"),
+        Some(c) => c.to_string(),
+        None => text(v),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use super::apply;
 use super::fills::Ms;
-use super::metrics::Figures;
+use super::metrics::{Figures, Work};
 use super::snapshot::{self, Shortcuts, Views};
 use super::trace::Trace;
 use super::world::{World, index};
@@ -17,17 +17,6 @@ use crate::scheduler::policy::Policy;
 /// Scheduling passes run on this grid, as the product's scheduler runs some time after what
 /// woke it.
 pub const STEP: Ms = 10_000;
-
-/// Counts of what the loop did, for the report.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Work {
-    pub steps: u64,
-    pub passes: u64,
-    /// Passes planned again with more machines' copies for eviction.
-    pub replans: u64,
-    /// Passes shown every machine whole, for stage-in.
-    pub whole: u64,
-}
 
 /// Replays `trace` under `policy` until every worker has ended or nothing more can change.
 pub fn simulate(trace: &Trace, policy: &Policy) -> anyhow::Result<Figures> {

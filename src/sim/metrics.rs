@@ -6,9 +6,19 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use super::engine::Work;
 use super::fills::Ms;
 use super::world::{State, World};
+
+/// Counts of what the loop did, for the report.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Work {
+    pub steps: u64,
+    pub passes: u64,
+    /// Passes planned again with more machines' copies for eviction.
+    pub replans: u64,
+    /// Passes shown every machine whole, for stage-in.
+    pub whole: u64,
+}
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct Figures {

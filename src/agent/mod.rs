@@ -151,7 +151,7 @@ impl Machine {
             // No reserve of its own: like a fill's container, a pull may use the space the
             // server's evictions keep free, which is what it placed the fill here for.
             pulls: peer::PullLimits {
-                rate: Some(peer::Rate::bounded(config.peers.download_bytes_per_second)),
+                rate: peer::Rate::bounded(config.peers.download_bytes_per_second),
                 trust: config.peers.trust.clone(),
                 ..peer::PullLimits::default()
             },
@@ -257,7 +257,7 @@ pub async fn run(config: Config, stop: CancellationToken) -> anyhow::Result<()> 
     tracing::info!(machine = %joined.machine, cluster = %joined.cluster, "joined");
     let shared = Arc::new(Shared {
         upload: peer::Rate::bounded(config.peers.upload_bytes_per_second),
-        download: machine.pulls.rate.clone().unwrap_or_default(),
+        download: machine.pulls.rate.clone(),
         ..Shared::default()
     });
     let sizes = Arc::new(sizes::Sizes::default());

@@ -823,9 +823,13 @@ async fn report_status(
     }
     let reason = cut(&report.reason);
     let mut restarting = None;
+    let mut peer_fill = false;
     let run = match report.state {
         WorkerState::Preparing => store::workers::preparing(&mut tx, id, caller.id, reason).await?,
-        WorkerState::Running => store::workers::start(&mut tx, id, caller.id).await?,
+        WorkerState::Running => store::workers::start(&mut tx, id, caller.id).await?.map(|s| {
+            peer_fill = s.peer_fill;
+            s.run
+        }),
         WorkerState::Completed => {
             store::workers::finish(&mut tx, id, Some(caller.id), report.state, reason, report.exit_code)
                 .await?
@@ -873,7 +877,7 @@ async fn report_status(
         hub::worker_changed(&mut *tx, id).await?;
         // A pull from a peer under way may feed the next copies: the fills waiting for a
         // source are planned again.
-        if report.state == WorkerState::Running && store::fills::is_peer_fill(&mut *tx, run).await? {
+        if peer_fill {
             hub::request_schedule(&mut *tx).await?;
         }
     }

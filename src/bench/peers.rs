@@ -362,7 +362,7 @@ async fn pull_alone(
         let manifests = Arc::new(manifest::Manifests::default());
         let started = Instant::now();
         let limits = peer::pull::PullLimits {
-            rate: setup.link.map(peer::Rate::new),
+            rate: peer::Rate::bounded(setup.link),
             ..peer::pull::PullLimits::default()
         };
         peer::pull::pull(&order, data, &manifests, &limits, None, &CancellationToken::new())

@@ -174,16 +174,6 @@ pub async fn holders(db: impl PgExecutor<'_>, drives: &[Uuid]) -> sqlx::Result<V
     .await
 }
 
-/// Whether `run` is a fill from a peer.
-pub async fn is_peer_fill(db: impl PgExecutor<'_>, run: Uuid) -> sqlx::Result<bool> {
-    let peer: Option<bool> =
-        sqlx::query_scalar("SELECT fill_peer_manifest IS NOT NULL FROM runs WHERE id = $1")
-            .bind(run)
-            .fetch_optional(db)
-            .await?;
-    Ok(peer.unwrap_or(false))
-}
-
 /// What a failed fill from a peer is tried again with: the peer it pulled from, the workers it
 /// has had, and its machine's cluster.
 #[derive(Debug, Clone, sqlx::FromRow)]

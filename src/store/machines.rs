@@ -159,10 +159,11 @@ pub struct Unchanged {
 /// The usual heartbeat in one statement and without a transaction: a Ready machine reporting
 /// exactly the copies it was known to hold (same bytes, same completeness, none to delete) only
 /// refreshes its liveness and usage. Returns what the agent is told (its data location and
-/// limit, its transfer limits), and whether its row was written; None when anything differs and the heartbeat must be reconciled in full. A row
-/// another transaction holds (a placement pass binding workers there) is not waited for: the
-/// caller queues the liveness for the next batch, as for a heartbeat answered from memory, so
-/// heartbeats do not queue behind a pass, each holding a connection.
+/// limit, its transfer limits), and whether its row was written; None when anything differs
+/// and the heartbeat must be reconciled in full. A row another transaction holds (a placement
+/// pass binding workers there) is not waited for: the caller queues the liveness for the next
+/// batch, as for a heartbeat answered from memory, so heartbeats do not queue behind a pass,
+/// each holding a connection.
 pub async fn beat_if_unchanged(
     db: impl PgExecutor<'_>,
     machine: Uuid,

@@ -248,11 +248,20 @@ pub async fn set_pending_reason(db: impl PgExecutor<'_>, worker: Uuid, reason: &
         .map(drop)
 }
 
-/// The agent started the worker. False when it is not a Preparing worker of that machine.
-pub async fn start(tx: &mut PgConnection, worker: Uuid, machine: Uuid) -> sqlx::Result<Option<Uuid>> {
-    sqlx::query_scalar(
-        "UPDATE workers SET state = 'Running', reason = '', started_at = now()
-         WHERE id = $1 AND machine_id = $2 AND state = 'Preparing' AND released RETURNING run_id",
+/// A worker its agent started.
+#[derive(Debug, sqlx::FromRow)]
+pub struct Started {
+    pub run: Uuid,
+    /// Its run fills a copy from a peer: the copy becomes a source as its pull runs.
+    pub peer_fill: bool,
+}
+
+/// The agent started the worker. None when it is not a Preparing worker of that machine.
+pub async fn start(tx: &mut PgConnection, worker: Uuid, machine: Uuid) -> sqlx::Result<Option<Started>> {
+    sqlx::query_as(
+        "UPDATE workers w SET state = 'Running', reason = '', started_at = now() FROM runs r
+         WHERE w.id = $1 AND w.machine_id = $2 AND w.state = 'Preparing' AND w.released AND r.id = w.run_id
+         RETURNING w.run_id AS run, r.fill_peer_manifest IS NOT NULL AS peer_fill",
     )
     .bind(worker)
     .bind(machine)

@@ -28,8 +28,8 @@ pub struct Order {
 /// Bounds on a pull.
 #[derive(Debug, Clone)]
 pub struct PullLimits {
-    /// Bytes per second, shared by the pulls holding a clone; `None` for no limit.
-    pub rate: Option<Rate>,
+    /// Bytes per second, shared by the pulls holding a clone.
+    pub rate: Rate,
     /// Free space to leave at the data location once the copy is in.
     pub reserve_bytes: u64,
     /// How long the holder may send nothing before the pull gives up (to resume later).
@@ -40,7 +40,12 @@ pub struct PullLimits {
 
 impl Default for PullLimits {
     fn default() -> Self {
-        PullLimits { rate: None, reserve_bytes: 0, idle: Duration::from_secs(60), trust: Trust::default() }
+        PullLimits {
+            rate: Rate::default(),
+            reserve_bytes: 0,
+            idle: Duration::from_secs(60),
+            trust: Trust::default(),
+        }
     }
 }
 

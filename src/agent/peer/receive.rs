@@ -33,7 +33,7 @@ pub(super) struct Fetch {
     base: reqwest::Url,
     token: String,
     folder: String,
-    rate: Option<Rate>,
+    rate: Rate,
     cancel: CancellationToken,
 }
 
@@ -332,11 +332,9 @@ pub(super) async fn download(
             buf = write(file, buf, &mut written).await?;
             passable(written.min(checked));
         }
-        if let Some(rate) = &fetch.rate {
-            tokio::select! {
-                _ = fetch.cancel.cancelled() => break Err(PullError::Cancelled),
-                _ = rate.take(piece.len() as u64) => {}
-            }
+        tokio::select! {
+            _ = fetch.cancel.cancelled() => break Err(PullError::Cancelled),
+            _ = fetch.rate.take(piece.len() as u64) => {}
         }
     };
     write(file, buf, &mut written).await?;

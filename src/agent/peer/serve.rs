@@ -65,7 +65,6 @@ pub struct Holder {
     manifests: Arc<Manifests>,
     keys: Arc<TrustedKeys>,
     uploads: Arc<Semaphore>,
-    rate: Rate,
     parsed: Mutex<Vec<Parsed>>,
     /// Cancelled when the port stops: uploads under way end at once.
     closing: CancellationToken,
@@ -88,7 +87,6 @@ impl Holder {
     ) -> Holder {
         Holder {
             machine,
-            rate: shared.upload.clone(),
             shared,
             manifests,
             keys,
@@ -383,7 +381,8 @@ impl Holder {
         follow: Option<Follow>,
         permit: OwnedSemaphorePermit,
     ) -> Response {
-        let state = Upload { file, at: start, end: size, follow, rate: self.rate.clone(), _permit: permit };
+        let state =
+            Upload { file, at: start, end: size, follow, rate: self.shared.upload.clone(), _permit: permit };
         let closing = self.closing.clone();
         let stream = futures::stream::unfold(state, |mut up| async move {
             let piece = up.next().await?;

@@ -338,10 +338,8 @@ async fn a_cancelled_pull_resumes_where_it_stopped() {
     let source = Source::new().await;
     let receiver = Arc::new(Receiver::new());
     let cancel = CancellationToken::new();
-    let slow = PullLimits {
-        rate: Some(Rate::new(std::num::NonZeroU64::new(8 << 20).unwrap())),
-        ..PullLimits::default()
-    };
+    let slow =
+        PullLimits { rate: Rate::new(std::num::NonZeroU64::new(8 << 20).unwrap()), ..PullLimits::default() };
     let running = tokio::spawn({
         let (order, receiver, cancel) = (source.order(), receiver.clone(), cancel.clone());
         async move { pull(&order, receiver.dir.path(), &receiver.manifests, &slow, None, &cancel).await }
@@ -808,10 +806,8 @@ async fn relaying(
 ) -> (tokio::task::JoinHandle<Result<PullReport, PullError>>, String, Uuid, Arc<Receiver>) {
     let relay = Arc::new(Receiver::new());
     let (url, machine) = relay.serve(source).await;
-    let slow = PullLimits {
-        rate: Some(Rate::new(std::num::NonZeroU64::new(4 << 20).unwrap())),
-        ..PullLimits::default()
-    };
+    let slow =
+        PullLimits { rate: Rate::new(std::num::NonZeroU64::new(4 << 20).unwrap()), ..PullLimits::default() };
     let entered = relay.relays.enter(FOLDER, source.drive, source.digest);
     let receiving = tokio::spawn({
         let (order, relay, cancel) = (source.order(), relay.clone(), cancel.clone());

@@ -1,6 +1,6 @@
 //! Filters: whether a machine can take a worker, and if not, why, in words a person can act on.
 
-use super::snapshot::{MachineView, Request};
+use super::snapshot::{DriveNeed, MachineView, Request};
 use crate::domain::drive::Transport;
 use crate::domain::grant::{self, Grant};
 use crate::domain::path::AbsPath;
@@ -35,7 +35,12 @@ pub fn fits(m: &MachineView, r: &Request) -> Result<(), String> {
 pub fn fits_when_free(m: &MachineView, r: &Request) -> bool {
     admits(m, r).is_ok()
         && resources(m.cpu_total, m.memory_total, m.gpus_total, r).is_ok()
-        && data_fits(m, r).is_ok()
+        && lacks_room(m, r).is_none()
+}
+
+/// [`fits`] without its reasons, for the scans that turn most machines down.
+pub fn can_take(m: &MachineView, r: &Request) -> bool {
+    has_resources(m, r) && lacks_room(m, r).is_none() && admits(m, r).is_ok()
 }
 
 /// Everything but resources and data: whether the machine may take the worker at all.
@@ -58,6 +63,10 @@ fn admits(m: &MachineView, r: &Request) -> Result<(), String> {
         return Err("cordoned".into());
     }
     Ok(())
+}
+
+fn has_resources(m: &MachineView, r: &Request) -> bool {
+    m.cpu_free >= r.cpu_millis && m.memory_free >= r.memory_bytes && m.gpus_free >= r.gpus
 }
 
 fn resources(cpu_free: i64, memory_free: i64, gpus_free: i64, r: &Request) -> Result<(), String> {
@@ -84,32 +93,46 @@ fn resources(cpu_free: i64, memory_free: i64, gpus_free: i64, r: &Request) -> Re
 /// Each placed drive without a copy here needs a confirmed data location with room for its
 /// `size_hint_bytes`, counting what evicting unused copies would free.
 fn data_fits(m: &MachineView, r: &Request) -> Result<(), String> {
-    let mut missing = r.placed().filter(|d| m.copy_state(d.id).is_none()).peekable();
-    if missing.peek().is_none() {
-        return Ok(());
+    match lacks_room(m, r) {
+        None => Ok(()),
+        Some(Lack::Location) => Err(format!("Choose where to keep data on {}", m.name)),
+        Some(Lack::Room { drive, room }) => Err(format!(
+            "drive {} needs {} at this machine's data location, {} free",
+            drive.name,
+            human_bytes(drive.size_hint as u64),
+            human_bytes(room.max(0) as u64)
+        )),
     }
+}
+
+/// What keeps the machine from holding `r`'s data: [`data_fits`] before it is written out.
+enum Lack<'a> {
+    /// No confirmed data location.
+    Location,
+    /// The first drive the room runs out at, and the room.
+    Room { drive: &'a DriveNeed, room: i64 },
+}
+
+fn lacks_room<'a>(m: &MachineView, r: &'a Request) -> Option<Lack<'a>> {
+    let mut missing = r.placed().filter(|d| m.copy_state(d.id).is_none()).peekable();
+    missing.peek()?;
     let Some(free) = m.data_free else {
-        return Err(format!("Choose where to keep data on {}", m.name));
+        return Some(Lack::Location);
     };
     let room = free + m.reclaimable;
     let mut need = 0;
     for d in missing {
         need += d.size_hint;
         if need > room {
-            return Err(format!(
-                "drive {} needs {} at this machine's data location, {} free",
-                d.name,
-                human_bytes(d.size_hint as u64),
-                human_bytes(room.max(0) as u64)
-            ));
+            return Some(Lack::Room { drive: d, room });
         }
     }
-    Ok(())
+    None
 }
 
 #[cfg(test)]
 mod tests {
-    use std::collections::HashMap;
+    use crate::scheduler::snapshot::ByDrive;
 
     use super::*;
     use crate::domain::Name;
@@ -135,8 +158,8 @@ mod tests {
             data_free: Some(2_100_000_000),
             reclaimable: 0,
             images: vec![],
-            copies: HashMap::new(),
-            filled: HashMap::new(),
+            copies: ByDrive::default(),
+            filled: ByDrive::default(),
             fill_rate: None,
         }
     }
@@ -248,6 +271,7 @@ mod tests {
             let (mut m, mut r) = (machine(), request());
             edit(&mut m, &mut r);
             assert_eq!(fits(&m, &r).err().unwrap_or_default(), why);
+            assert_eq!(can_take(&m, &r), why.is_empty(), "can_take agrees with fits: {why}");
         }
     }
 

@@ -29,7 +29,7 @@ use crate::store::{
 };
 use plan::{Plan, Snapshot};
 use policy::Policy;
-use snapshot::{CopyState, CopyView, MachineView, Request};
+use snapshot::{ByDrive, CopyState, CopyView, MachineView, Request};
 
 /// Workers claimed per transaction. Unless its runs all name their machines, each pass reads
 /// every machine and its copies' totals first, so larger batches spread that over more
@@ -371,8 +371,8 @@ async fn others(tx: &mut sqlx::PgConnection, read: &[MachineView]) -> anyhow::Re
 /// filled.
 #[derive(Default)]
 struct Copies {
-    states: HashMap<Uuid, CopyState>,
-    filled: HashMap<Uuid, i64>,
+    states: ByDrive<CopyState>,
+    filled: ByDrive<i64>,
 }
 
 fn views(

@@ -159,6 +159,9 @@ pub fn plan(s: &Snapshot, now: DateTime<Utc>, policy: &Policy) -> Plan {
     let mut used: BTreeSet<(Uuid, Uuid)> = BTreeSet::new();
     // Runs with workers that fit nowhere, in the queue's order, with how many.
     let mut waiting: Vec<(Uuid, usize)> = Vec::new();
+    // The last run whose worker fit nowhere, and why, until a worker is bound: resources and
+    // room only shrink in a pass, so its next worker fits nowhere for the same reason.
+    let mut nowhere: Option<(Uuid, String)> = None;
     for w in &s.workers {
         // A run deleted since its workers were claimed has none left to place.
         let Some(request) = s.requests.get(&w.run_id) else {
@@ -176,8 +179,10 @@ pub fn plan(s: &Snapshot, now: DateTime<Utc>, policy: &Policy) -> Plan {
             r.memory_bytes = (r.memory_bytes - lent.memory_bytes).max(0);
             r.gpus = (r.gpus - lent.gpus).max(0);
         }
-        let chosen = match policy.scoring {
-            policy::Scoring::Astraeus => {
+        let chosen = match (policy.scoring, &nowhere) {
+            // The run's worker before this one fit nowhere, and nothing was bound since.
+            (_, Some((run, why))) if *run == w.run_id => Err(why.clone()),
+            (policy::Scoring::Astraeus, _) => {
                 // A fill's worker asks for less than its run: its machines are ranked for what it asks.
                 let mut lent_warm;
                 let warm = match &request {
@@ -189,11 +194,12 @@ pub fn plan(s: &Snapshot, now: DateTime<Utc>, policy: &Policy) -> Plan {
                 };
                 select::select(&machines, &request, warm)
             }
-            other => policy::select(other, &machines, &request, w.id, &spread),
+            (other, _) => policy::select(other, &machines, &request, w.id, &spread),
         };
         let choice = match chosen {
             Ok(c) => c,
             Err(why) => {
+                nowhere = Some((w.run_id, why.clone()));
                 let why = match (s.scoped, &s.others) {
                     (false, _) => why,
                     (true, None) => {
@@ -221,8 +227,9 @@ pub fn plan(s: &Snapshot, now: DateTime<Utc>, policy: &Policy) -> Plan {
             && now < until
         {
             let why = format!(
-                "Waiting for {holder}, which holds its drives whole, to have room: at most {}, then a machine \
-                 that fills them",
+                "Waiting for {}, {}, to have room: at most {}, then a machine that fills them",
+                holder.name,
+                holder.holds(),
                 human_seconds((until - w.created_at).num_seconds())
             );
             if w.reason != why {
@@ -237,6 +244,7 @@ pub fn plan(s: &Snapshot, now: DateTime<Utc>, policy: &Policy) -> Plan {
             explained: explain(&machines, &choice),
             transports: transports(&request.drives, &machines[i], &machines),
         };
+        nowhere = None;
         let m = &mut machines[i];
         let lacking: Vec<&DriveNeed> =
             request.placed().filter(|d| m.copy_state(d.id) != Some(CopyState::Complete)).collect();
@@ -317,9 +325,10 @@ fn stage_in(s: &Snapshot, machines: &mut [MachineView], waiting: &[(Uuid, usize)
     }
 }
 
-/// For a worker whose chosen machine (`chosen`) lacks some of its drives whole: the first
-/// machine that holds them all whole and could take it once free, and until when the worker
-/// may wait for it: as long as the chosen machine's fill would take ([`score::ready_in`]),
+/// For a worker whose chosen machine (`chosen`) lacks some of its drives whole: a machine that
+/// could take it once free and whose data could be whole sooner, holding them all whole or
+/// more of them (the soonest, then the first in the machines' order), what it holds whole, and
+/// until when the worker may wait for it: as long as that saves ([`score::ready_in`] on each),
 /// counted from when the worker was made, at most [`MAX_WARM_WAIT`].
 fn warm_wait(
     machines: &[MachineView],
@@ -327,18 +336,55 @@ fn warm_wait(
     r: &Request,
     chosen: usize,
     created_at: DateTime<Utc>,
-) -> Option<(String, DateTime<Utc>)> {
-    let whole = |m: &MachineView| r.placed().all(|d| m.copy_state(d.id) == Some(CopyState::Complete));
-    let first = r.placed().next()?;
-    if r.fill || whole(&machines[chosen]) {
+) -> Option<(Holder, DateTime<Utc>)> {
+    let whole = |m: &MachineView, d: &DriveNeed| m.copy_state(d.id) == Some(CopyState::Complete);
+    let there = score::ready_in(&machines[chosen], r);
+    if r.fill || there == 0 {
         return None;
     }
-    // The machines holding the first drive whole, in the machines' order: the holders are
-    // among them.
-    let holders = index.get(&first.id)?.iter().map(|&i| &machines[i]);
-    let holder = holders.filter(|m| whole(m)).find(|m| filter::fits_when_free(m, r))?;
-    let wait = score::ready_in(&machines[chosen], r).min(MAX_WARM_WAIT);
-    Some((holder.name.clone(), created_at + chrono::Duration::seconds(wait)))
+    let most = score::to_fill(&machines[chosen], r);
+    let mut holders: Vec<usize> = r.placed().filter_map(|d| index.get(&d.id)).flatten().copied().collect();
+    holders.sort_unstable();
+    holders.dedup();
+    let mut best: Option<(i64, usize)> = None;
+    for i in holders {
+        let m = &machines[i];
+        let sooner = score::ready_in(m, r);
+        if sooner >= best.map_or(there, |(s, _)| s)
+            || score::to_fill(m, r) > most
+            || !filter::fits_when_free(m, r)
+        {
+            continue;
+        }
+        best = Some((sooner, i));
+        if sooner == 0 {
+            break;
+        }
+    }
+    let (sooner, i) = best?;
+    let m = &machines[i];
+    let held = r.placed().filter(|d| whole(m, d)).map(|d| d.full.clone()).collect();
+    let all = r.placed().all(|d| whole(m, d));
+    let wait = (there - sooner).min(MAX_WARM_WAIT);
+    Some((Holder { name: m.name.clone(), held, all }, created_at + chrono::Duration::seconds(wait)))
+}
+
+/// The machine a worker waits for, and the drives it holds whole (`all`: every one it mounts).
+struct Holder {
+    name: String,
+    held: Vec<String>,
+    all: bool,
+}
+
+impl Holder {
+    /// `which holds its drives whole` or `which holds drive ws.b whole`.
+    fn holds(&self) -> String {
+        match self.held.as_slice() {
+            _ if self.all => "which holds its drives whole".into(),
+            [one] => format!("which holds drive {one} whole"),
+            many => format!("which holds drives {} whole", many.join(", ")),
+        }
+    }
 }
 
 fn explain(machines: &[MachineView], c: &Choice) -> String {
@@ -460,6 +506,7 @@ mod tests {
     use crate::domain::Name;
     use crate::domain::task::{NodeSelection, SelectionMode};
     use crate::scheduler::policy::Decisions;
+    use crate::scheduler::snapshot::ByDrive;
 
     const GB: i64 = 1_000_000_000;
 
@@ -484,8 +531,8 @@ mod tests {
             data_free,
             reclaimable: 0,
             images: vec![],
-            copies: HashMap::new(),
-            filled: HashMap::new(),
+            copies: ByDrive::default(),
+            filled: ByDrive::default(),
             fill_rate: None,
         }
     }
@@ -578,6 +625,64 @@ mod tests {
         let mut small = s.clone();
         small.machines[0].gpus_total = 2;
         assert_eq!(cold_now(&small, now(), &Policy::default()), [(id(102), false)]);
+    }
+
+    #[test]
+    fn of_two_drives_the_machine_holding_the_larger_wins_and_is_waited_for_when_full() {
+        // gpu-01 holds the 5 TB drive whole, gpu-02 the 10 GB one; the run mounts both.
+        let mut large = machine(1, 8, Some(1000 * GB));
+        large.copies.insert(id(1), CopyState::Complete);
+        let mut small = machine(2, 8, Some(10_000 * GB));
+        small.copies.insert(id(2), CopyState::Complete);
+        let mut w = worker(1, 1);
+        w.created_at = now() - chrono::Duration::minutes(1);
+        let r = request(8, vec![drive(1, 5000 * GB), drive(2, 10 * GB)]);
+        let s = snapshot(vec![large, small], vec![(1, r)], vec![w.clone()]);
+        let p = plan(&s, now(), &Policy::default());
+        assert_eq!(
+            p.binds.iter().map(|b| b.machine).collect::<Vec<_>>(),
+            [id(101)],
+            "10 GB to fill, not 5 TB"
+        );
+        assert!(
+            p.placed[&w.id].explained.contains("runner-up gpu-02 (5.0 TB to fill, complete copies 1"),
+            "{}",
+            p.placed[&w.id].explained
+        );
+
+        // Full, it is waited for: 10 GB at 100 MB/s is 100 s (2 min in steps), 5 TB is 50,000 s,
+        // so the wait is capped at 30 min.
+        let mut busy = s.clone();
+        busy.machines[0].gpus_free = 0;
+        let p = plan(&busy, now(), &Policy::default());
+        assert!(p.binds.is_empty(), "{:?}", p.binds);
+        let why = "Waiting for gpu-01, which holds drive default.d1 whole, to have room: at most 30 min, \
+                   then a machine that fills them";
+        assert_eq!(p.unplaced, [Unplaced { worker: w.id, reason: why.into() }]);
+        assert_eq!(p.wake_at, Some(w.created_at + chrono::Duration::seconds(MAX_WARM_WAIT)));
+        let later = plan(&busy, w.created_at + chrono::Duration::seconds(MAX_WARM_WAIT), &Policy::default());
+        assert_eq!(
+            later.binds.iter().map(|b| (b.machine, b.released)).collect::<Vec<_>>(),
+            [(id(102), false)]
+        );
+    }
+
+    #[test]
+    fn a_runs_workers_after_one_that_fits_nowhere_get_its_reason_until_one_is_bound() {
+        let s = snapshot(
+            vec![machine(1, 2, Some(1000 * GB))],
+            vec![(1, request(4, vec![])), (2, request(1, vec![]))],
+            vec![worker(1, 1), worker(2, 1), worker(3, 2), worker(4, 1)],
+        );
+        let p = plan(&s, now(), &Policy::default());
+        let why = "Insufficient gpus (2 of 4 free)";
+        let reasons: Vec<(Uuid, &str)> = p.unplaced.iter().map(|u| (u.worker, u.reason.as_str())).collect();
+        // The fourth worker comes after a bind, and its reason is worked out again: 1 of 4 free.
+        assert_eq!(
+            reasons,
+            [(id(1001), why), (id(1002), why), (id(1004), "Insufficient gpus (1 of 4 free)")]
+        );
+        assert_eq!(p.binds.iter().map(|b| b.worker).collect::<Vec<_>>(), [id(1003)]);
     }
 
     #[test]

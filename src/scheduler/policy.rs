@@ -7,7 +7,7 @@ use std::hash::{DefaultHasher, Hash, Hasher};
 
 use uuid::Uuid;
 
-use super::filter::fits;
+use super::filter::can_take;
 use super::score::{least_allocated, score};
 use super::select::{Choice, keep_two, why_none};
 use super::snapshot::{CopyState, MachineView, Request};
@@ -113,7 +113,7 @@ pub fn select(
     let mut best: Option<(i64, usize)> = None;
     let mut second: Option<(i64, usize)> = None;
     for (i, m) in machines.iter().enumerate() {
-        if fits(m, r).is_err() {
+        if !can_take(m, r) {
             continue;
         }
         keep_two(&mut best, &mut second, key(i, m), i);
@@ -148,7 +148,7 @@ fn image_locality(m: &MachineView, r: &Request, spread: &HashMap<Uuid, f64>) -> 
 mod tests {
     use super::*;
     use crate::domain::task::NodeSelection;
-    use crate::scheduler::snapshot::DriveNeed;
+    use crate::scheduler::snapshot::{ByDrive, DriveNeed};
 
     fn machine(n: u8, copy: Option<CopyState>) -> MachineView {
         MachineView {
@@ -168,7 +168,7 @@ mod tests {
             reclaimable: 0,
             images: vec![],
             copies: copy.map(|c| (Uuid::from_u128(7), c)).into_iter().collect(),
-            filled: HashMap::new(),
+            filled: ByDrive::default(),
             fill_rate: None,
         }
     }

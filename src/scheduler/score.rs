@@ -7,6 +7,10 @@ use super::snapshot::{CopyState, MachineView, Request};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Score {
+    /// The bytes of the run's placed drives with no copy here, in whole GB: what placing the
+    /// worker here makes the cluster fill. A machine holding the largest of two drives beats
+    /// one holding the smaller whole and the larger not at all.
+    pub to_fill: Reverse<i64>,
     /// The run's placed drives with a complete copy here.
     pub complete: usize,
     /// … with a copy being filled here.
@@ -37,6 +41,10 @@ pub const DEFAULT_FILL_RATE: i64 = 100_000_000;
 
 impl std::fmt::Display for Score {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.to_fill.0 > 0 {
+            let to_fill = crate::domain::quantity::human_bytes((self.to_fill.0 * GB) as u64);
+            write!(f, "{to_fill} to fill, ")?;
+        }
         write!(f, "complete copies {}, filling {}, ", self.complete, self.filling)?;
         if self.ready_in.0 > 0 {
             write!(f, "data ready in {}, ", crate::domain::quantity::human_seconds(self.ready_in.0))?;
@@ -52,16 +60,31 @@ impl std::fmt::Display for Score {
 }
 
 pub fn score(m: &MachineView, r: &Request) -> Score {
-    let count = |state| r.placed().filter(|d| m.copy_state(d.id) == Some(state)).count();
-    let has_placed = r.placed().next().is_some();
+    let (mut placed, mut complete, mut filling, mut missing) = (0, 0, 0, 0);
+    for d in r.placed() {
+        placed += 1;
+        match m.copy_state(d.id) {
+            Some(CopyState::Complete) => complete += 1,
+            Some(CopyState::Filling) => filling += 1,
+            Some(_) => {}
+            None => missing += d.size_hint.max(0),
+        }
+    }
     Score {
-        complete: count(CopyState::Complete),
-        filling: count(CopyState::Filling),
-        ready_in: Reverse(ready_in(m, r)),
+        to_fill: Reverse(missing / GB),
+        complete,
+        filling,
+        ready_in: Reverse(if complete == placed { 0 } else { ready_in(m, r) }),
         image: m.holds_image(r),
-        data_free: if has_placed { (m.data_free.unwrap_or(0) + m.reclaimable) / GB } else { 0 },
+        data_free: if placed > 0 { (m.data_free.unwrap_or(0) + m.reclaimable) / GB } else { 0 },
         resources: least_allocated(m, r),
     }
+}
+
+/// The bytes of `r`'s placed drives with no copy on `m`: what placing a worker there makes the
+/// cluster fill.
+pub fn to_fill(m: &MachineView, r: &Request) -> i64 {
+    r.placed().filter(|d| m.copy_state(d.id).is_none()).map(|d| d.size_hint.max(0)).sum()
 }
 
 /// Seconds, rounded up to [`READY_STEP`], until `r`'s placed drives could all be whole on
@@ -83,9 +106,9 @@ pub fn ready_in(m: &MachineView, r: &Request) -> i64 {
 /// The most a machine's score `s` for `r` can become later in the same pass: copies only
 /// leave (evicted), resources and data room only shrink as workers are bound, and a copy made
 /// for another worker can turn up as filling, at most for each of the run's drives not whole
-/// here. Such a copy has written nothing, so `ready_in` stays as it is.
+/// here, leaving nothing to fill. Such a copy has written nothing, so `ready_in` stays as it is.
 pub fn bound(s: Score, r: &Request) -> Score {
-    Score { filling: r.placed().count() - s.complete, ..s }
+    Score { to_fill: Reverse(0), filling: r.placed().count() - s.complete, ..s }
 }
 
 /// kube-scheduler's LeastAllocated: the mean of the cpu and memory shares left free, 0–100.
@@ -97,7 +120,7 @@ pub fn least_allocated(m: &MachineView, r: &Request) -> i64 {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::HashMap;
+    use crate::scheduler::snapshot::ByDrive;
 
     use super::*;
     use crate::domain::drive::{NodeScope, Transport};
@@ -122,8 +145,8 @@ mod tests {
             data_free: Some(1_000),
             reclaimable: 0,
             images: vec![],
-            copies: HashMap::new(),
-            filled: HashMap::new(),
+            copies: ByDrive::default(),
+            filled: ByDrive::default(),
             fill_rate: None,
         }
     }
@@ -216,6 +239,30 @@ mod tests {
         assert!(score(&at(Some(CopyState::Complete), 0, slow), &r) > ahead);
         // A copy of a size hint larger than what is written of it never makes the time negative.
         assert_eq!(score(&at(Some(CopyState::Filling), 7 * GB, slow), &r).ready_in.0, 0);
+    }
+
+    #[test]
+    fn the_fewest_bytes_to_fill_outrank_more_whole_copies() {
+        let drive = |n: u128, size: i64| DriveNeed { id: Uuid::from_u128(n), size_hint: size, ..drive() };
+        let r = request(vec![drive(1, 5000 * GB), drive(2, 10 * GB), drive(3, 10 * GB)]);
+        let holding = |copies: &[(u128, CopyState)]| {
+            let mut m = machine(4000, 8_000);
+            m.copies = copies.iter().map(|(n, s)| (Uuid::from_u128(*n), *s)).collect();
+            score(&m, &r)
+        };
+        // Two small drives whole leave 5 TB to fill; the large one whole leaves 20 GB.
+        let small = holding(&[(2, CopyState::Complete), (3, CopyState::Complete)]);
+        let large = holding(&[(1, CopyState::Complete)]);
+        assert_eq!((small.to_fill.0, large.to_fill.0), (5000, 20));
+        assert!(large > small, "{large:?} {small:?}");
+        // Copies being filled leave nothing new to fill: they beat whole copies of fewer drives,
+        // and lose to as many with one whole.
+        let filling = holding(&[(1, CopyState::Filling), (2, CopyState::Filling), (3, CopyState::Filling)]);
+        let one_whole =
+            holding(&[(1, CopyState::Complete), (2, CopyState::Filling), (3, CopyState::Filling)]);
+        assert!(filling > large && one_whole > filling);
+        assert!(small.to_string().starts_with("5.0 TB to fill, complete copies 2, filling 0, "), "{small}");
+        assert!(one_whole.to_string().starts_with("complete copies 1, filling 2, "), "{one_whole}");
     }
 
     #[test]

@@ -5,7 +5,7 @@ use std::collections::{BinaryHeap, HashMap};
 
 use uuid::Uuid;
 
-use super::filter::fits;
+use super::filter::{can_take, fits};
 use super::score::{Score, bound, score};
 use super::snapshot::{CopyState, MachineView, Request, placement_order};
 
@@ -19,15 +19,17 @@ pub struct Choice {
 
 /// The best machine for `r`, or a reason that sums up every rejection (`0/3 machines are
 /// available: 2 Insufficient cpu (…), 1 NotReady`). `warm` holds the machines that held a whole
-/// copy of a drive `r` mounts when the pass began (see [`warm_for`]). Scores rank whole copies
-/// first, so when two of those machines fit with a whole copy, they outscore every other
-/// machine and the others are not looked at; the choice is the one a scan of every machine
-/// makes.
+/// copy of a drive `r` mounts when the pass began (see [`warm_for`]). Scores rank what is left
+/// to fill, then whole copies, so when two of those machines fit with a copy of every drive
+/// and one whole, they outscore every other machine and the others are not looked at; the
+/// choice is the one a scan of every machine makes.
 pub fn select(machines: &[MachineView], r: &Request, warm: &mut Warm) -> Result<Choice, String> {
-    if let (Some((score, index)), Some((s, i))) = best_two_warm(machines, r, warm) {
+    if let (Some((score, index)), Some((s, i))) = best_two_warm(machines, r, warm)
+        && s.to_fill.0 == 0
+    {
         return Ok(Choice { index, score, runner_up: Some((i, s)) });
     }
-    let (best, second, reasons) = rank(machines, r, 0..machines.len());
+    let (best, second, reasons) = rank(machines, r);
     match best {
         Some((score, index)) => Ok(Choice { index, score, runner_up: second.map(|(s, i)| (i, s)) }),
         None => Err(summary(machines.len(), &reasons)),
@@ -108,10 +110,12 @@ fn best_two_warm(machines: &[MachineView], r: &Request, warm: &mut Warm) -> (Pic
             warm.heap.push((bound, Reverse(i)));
             continue;
         }
-        looked.push((bound, Reverse(i)));
-        if fits(m, r).is_err() {
+        // Resources and room only shrink during a pass: a machine that cannot take this
+        // request now cannot later in the pass either, so it leaves the run's heap.
+        if !can_take(m, r) {
             continue;
         }
+        looked.push((bound, Reverse(i)));
         if s.complete == 0 {
             continue;
         }
@@ -128,17 +132,22 @@ fn best_two_warm(machines: &[MachineView], r: &Request, warm: &mut Warm) -> (Pic
 
 type Ranked = (Pick, Pick, Vec<(String, usize)>);
 
-/// The best and second-best fitting machines among `indices` (the first wins a tie), and each
+/// The best and second-best fitting machines (the first wins a tie), and, when none fits, each
 /// rejection's reason with its count.
-fn rank(machines: &[MachineView], r: &Request, indices: impl Iterator<Item = usize>) -> Ranked {
+fn rank(machines: &[MachineView], r: &Request) -> Ranked {
     let mut best: Pick = None;
     let mut second: Pick = None;
+    // Most machines a busy pass turns down lack the resources: their reasons are written out
+    // only when no machine fits.
+    for (i, m) in machines.iter().enumerate() {
+        if can_take(m, r) {
+            keep_two(&mut best, &mut second, score(m, r), i);
+        }
+    }
     let mut reasons: Vec<(String, usize)> = Vec::new();
-    for i in indices {
-        let m = &machines[i];
-        match fits(m, r) {
-            Ok(()) => keep_two(&mut best, &mut second, score(m, r), i),
-            Err(why) => tally(&mut reasons, why),
+    if best.is_none() {
+        for why in machines.iter().filter_map(|m| fits(m, r).err()) {
+            tally(&mut reasons, why);
         }
     }
     (best, second, reasons)

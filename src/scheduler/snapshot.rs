@@ -10,6 +10,11 @@ pub use crate::domain::copy::CopyState;
 use crate::domain::drive::{NodeScope, Transport};
 use crate::domain::task::{NodeSelection, SelectionMode};
 
+/// A value per drive, looked up for every machine a pass weighs for every worker: hashed with
+/// FxHash, which is several times faster than the default SipHash on 16-byte keys and needs
+/// none of its resistance to chosen keys (drive ids are made by the server).
+pub type ByDrive<V> = HashMap<Uuid, V, rustc_hash::FxBuildHasher>;
+
 /// A machine as placement sees it.
 #[derive(Debug, Clone)]
 pub struct MachineView {
@@ -34,9 +39,9 @@ pub struct MachineView {
     pub images: Vec<String>,
     /// The states of its copies of the drives the pass's workers mount, by drive: a pass
     /// weighs no other copy one by one.
-    pub copies: HashMap<Uuid, CopyState>,
+    pub copies: ByDrive<CopyState>,
     /// Bytes written so far of those of `copies` being filled, where known.
-    pub filled: HashMap<Uuid, i64>,
+    pub filled: ByDrive<i64>,
     /// How fast its fills write, in bytes a second, as last measured; `None` before one was.
     pub fill_rate: Option<i64>,
 }

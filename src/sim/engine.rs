@@ -140,6 +140,7 @@ fn plan_with_room(world: &World, views: &mut Views, now: Ms, policy: &Policy, wo
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::scheduler::policy::Decisions;
     use crate::sim::POLICIES;
     use crate::sim::generate::{Params, generate};
     use crate::sim::trace::{Drive, Machine, Run};
@@ -190,28 +191,35 @@ mod tests {
         //    100 GB / 1 GB/s = 100 s, so it prepares 100 s, runs 100-200 s.
         // b: arrives at 300 s, a pass at 300 s places it on m-1, whose copy is whole: warm,
         //    runs 300-400 s.
-        // c: arrives at 305 s, the pass at 310 s finds m-1 full and fills m-2: 100 s more,
-        //    runs 410-460 s. The last step is at 460 s.
+        // c: arrives at 305 s, the pass at 310 s finds m-1 full: filling m-2 would take 100 s,
+        //    so c waits for m-1 until 405 s. b ends at 400 s, and the pass then places c on
+        //    m-1, warm: it runs 400-450 s. The last step is at 450 s.
         let f = simulate(&by_hand(), &Policy::PRODUCT).unwrap();
         assert_eq!((f.workers, f.workers_placed, f.workers_never_placed), (3, 3, 0));
-        // Warm: b of 3. Reused (d had started at 100 s before they were placed): b and c.
-        close(f.warm_start_share, 1.0 / 3.0);
-        assert_eq!((f.workers_reused, f.warm_start_share_reused), (2, 0.5));
-        // Preparing 8 GPUs x (100 + 0 + 100) s = 1,600 GPU-s; run 8 x (100 + 100 + 50) = 2,000.
-        close(f.preparing_gpu_hour_share, 0.8);
-        // Two fills of 100 GB against the bound of one: a, b and c never run at once, so one
-        // machine could have held them all in turn.
-        assert_eq!((f.fills, f.bytes_filled, f.bytes_lower_bound, f.bytes_mounted), (2, 200e9, 100e9, 100e9));
-        assert_eq!(f.bytes_filled_ratio, 2.0);
-        // Waits 0, 100, 100 s: p50 is the 2nd, p99 the 3rd.
-        assert_eq!((f.preparing_p50_s, f.preparing_p99_s), (100.0, 100.0));
-        // To start: a 100 s, b 0 s, c 410 - 305 = 105 s; mean 205 / 3.
-        close(f.mean_time_to_start_s, 205.0 / 3.0);
+        // Warm: b and c of 3. Reused (d had started at 100 s before they were placed): b and c.
+        close(f.warm_start_share, 2.0 / 3.0);
+        assert_eq!((f.workers_reused, f.warm_start_share_reused), (2, 1.0));
+        // Preparing 8 GPUs x 100 s (a) = 800 GPU-s; run 8 x (100 + 100 + 50) = 2,000.
+        close(f.preparing_gpu_hour_share, 0.4);
+        // One fill of 100 GB, the bound: a, b and c never run at once.
+        assert_eq!((f.fills, f.bytes_filled, f.bytes_lower_bound, f.bytes_mounted), (1, 100e9, 100e9, 100e9));
+        assert_eq!(f.bytes_filled_ratio, 1.0);
+        // Waits 0, 0, 100 s: p50 is the 2nd, p99 the 3rd.
+        assert_eq!((f.preparing_p50_s, f.preparing_p99_s), (0.0, 100.0));
+        // To start: a 100 s, b 0 s, c 400 - 305 = 95 s; mean 195 / 3.
+        close(f.mean_time_to_start_s, 195.0 / 3.0);
         assert_eq!((f.runs_started, f.evictions), (3, 0));
-        assert_eq!(f.simulated_hours, 460.0 / 3600.0);
-        // Busy while runs arrive (0-305 s): a 0-200 s, b 300-305 s; c was bound at 310 s.
+        assert_eq!(f.simulated_hours, 450.0 / 3600.0);
+        // Busy while runs arrive (0-305 s): a 0-200 s, b 300-305 s; c was bound at 400 s.
         // 8 x (200 + 5) GPU-s of 16 GPUs x 305 s.
         close(f.gpu_busy_share, 1_640.0 / 4_880.0);
+        // Without waiting, c fills m-2 at 310 s: 100 s more, it runs 410-460 s; two fills of
+        // 100 GB against the bound of one.
+        let cold =
+            Policy { decisions: Decisions { wait_for_warm: false, ..Decisions::ALL }, ..Policy::PRODUCT };
+        let f = simulate(&by_hand(), &cold).unwrap();
+        assert_eq!((f.fills, f.bytes_filled_ratio, f.warm_start_share_reused), (2, 2.0, 0.5));
+        close(f.mean_time_to_start_s, 205.0 / 3.0);
     }
 
     #[test]

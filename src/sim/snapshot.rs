@@ -11,7 +11,7 @@ use super::fills::Ms;
 use super::world::{CLUSTER, Machine, Shape, World, id};
 use crate::scheduler::plan::{STAGE_BUDGET, STAGE_PER_RUN, STAGE_RUNS, Snapshot};
 use crate::scheduler::policy::{Policy, Scoring};
-use crate::scheduler::snapshot::{CopyView, MachineView};
+use crate::scheduler::snapshot::{ByDrive, CopyState, CopyView, MachineView};
 use crate::store::workers::PendingRow;
 
 /// Pending workers shown to one pass at most, as the product's scheduler claims at most 4096.
@@ -45,12 +45,16 @@ fn slots(machines: &[Machine], (gpus, cpu, memory): Shape) -> usize {
 /// A machine that no worker of the batch fits by resources may be shown not ready: the planner
 /// turns it down at once, as its resource filters would, without writing out why. Its copies
 /// may be left out too, sparing the warm-machine ranking from weighing machines it then turns
-/// down; only ImageLocality's spread (every machine holding a drive counts) looks at them.
+/// down; only ImageLocality's spread (every machine holding a drive counts) looks at them. Under
+/// a policy that waits for warm machines, one holding a batch's drive whole is shown ready, with
+/// its copies: a worker may wait for it.
 /// Stage-in weighs busy machines for the runs that fit nowhere: a pass that may stage is shown
 /// everything (see [`Views::show`]).
 #[derive(Debug, Clone, Copy)]
 pub struct Shortcuts {
     pub unfit_copies: bool,
+    /// Show the machines holding a batch's drive whole, busy or not: wait-for-warm weighs them.
+    pub busy_holders: bool,
     /// Show, besides the workers that may fit, those of the first queued runs that fit nowhere:
     /// stage-in weighs them.
     pub waiting: bool,
@@ -58,7 +62,11 @@ pub struct Shortcuts {
 
 impl Shortcuts {
     pub fn for_policy(p: &Policy) -> Shortcuts {
-        Shortcuts { unfit_copies: p.scoring == Scoring::ImageLocality, waiting: p.decisions.stage_in }
+        Shortcuts {
+            unfit_copies: p.scoring == Scoring::ImageLocality,
+            busy_holders: p.decisions.wait_for_warm,
+            waiting: p.decisions.stage_in,
+        }
     }
 }
 
@@ -97,8 +105,8 @@ impl Views {
                 data_free: Some(m.data_free()),
                 reclaimable: m.reclaimable,
                 images: Vec::new(),
-                copies: HashMap::new(),
-                filled: HashMap::new(),
+                copies: ByDrive::default(),
+                filled: ByDrive::default(),
                 // The product learns it from the first fill; the simulation knows it.
                 fill_rate: Some(world.fills.bandwidth(i) as i64),
             })
@@ -178,6 +186,13 @@ impl Views {
         let drives: BTreeSet<usize> =
             runs.iter().flat_map(|r| world.runs[*r].drives.iter().copied()).collect();
         let remaining = world.fills.remaining_of(&drives);
+        for &d in drives.iter().filter(|_| self.shortcuts.busy_holders) {
+            for &m in &world.holders[d] {
+                if world.machines[m].copies[&d].state == CopyState::Complete {
+                    s.machines[m].ready = true;
+                }
+            }
+        }
         for d in drives {
             for &m in &world.holders[d] {
                 if !(whole || self.shortcuts.unfit_copies || s.machines[m].ready) {

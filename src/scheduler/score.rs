@@ -60,31 +60,26 @@ impl std::fmt::Display for Score {
 }
 
 pub fn score(m: &MachineView, r: &Request) -> Score {
-    let (mut placed, mut complete, mut filling, mut missing) = (0, 0, 0, 0);
-    for d in r.placed() {
-        placed += 1;
-        match m.copy_state(d.id) {
-            Some(CopyState::Complete) => complete += 1,
-            Some(CopyState::Filling) => filling += 1,
-            Some(_) => {}
-            None => missing += d.size_hint.max(0),
-        }
-    }
+    let count = |state| r.placed().filter(|d| m.copy_state(d.id) == Some(state)).count();
+    let has_placed = r.placed().next().is_some();
     Score {
-        to_fill: Reverse(missing / GB),
-        complete,
-        filling,
-        ready_in: Reverse(if complete == placed { 0 } else { ready_in(m, r) }),
+        to_fill: Reverse(to_fill(m, r) / GB),
+        complete: count(CopyState::Complete),
+        filling: count(CopyState::Filling),
+        ready_in: Reverse(ready_in(m, r)),
         image: m.holds_image(r),
-        data_free: if placed > 0 { (m.data_free.unwrap_or(0) + m.reclaimable) / GB } else { 0 },
+        data_free: if has_placed { (m.data_free.unwrap_or(0) + m.reclaimable) / GB } else { 0 },
         resources: least_allocated(m, r),
     }
 }
 
 /// The bytes of `r`'s placed drives with no copy on `m`: what placing a worker there makes the
-/// cluster fill.
+/// cluster fill. Size hints are a workspace's to set: the sum saturates.
 pub fn to_fill(m: &MachineView, r: &Request) -> i64 {
-    r.placed().filter(|d| m.copy_state(d.id).is_none()).map(|d| d.size_hint.max(0)).sum()
+    r.placed()
+        .filter(|d| m.copy_state(d.id).is_none())
+        .map(|d| d.size_hint.max(0))
+        .fold(0, i64::saturating_add)
 }
 
 /// Seconds, rounded up to [`READY_STEP`], until `r`'s placed drives could all be whole on

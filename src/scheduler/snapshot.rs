@@ -11,8 +11,8 @@ use crate::domain::drive::{NodeScope, Transport};
 use crate::domain::task::{NodeSelection, SelectionMode};
 
 /// A value per drive, looked up for every machine a pass weighs for every worker: hashed with
-/// FxHash, which is several times faster than the default SipHash on 16-byte keys and needs
-/// none of its resistance to chosen keys (drive ids are made by the server).
+/// FxHash, cheaper than the default SipHash, whose resistance to chosen keys is not needed here
+/// (drive ids are made by the server).
 pub type ByDrive<V> = HashMap<Uuid, V, rustc_hash::FxBuildHasher>;
 
 /// A machine as placement sees it.

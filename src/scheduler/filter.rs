@@ -157,6 +157,8 @@ mod tests {
             gpus_free: 1,
             data_free: Some(2_100_000_000),
             reclaimable: 0,
+            held: 0,
+            freed: 0,
             images: vec![],
             copies: ByDrive::default(),
             filled: ByDrive::default(),

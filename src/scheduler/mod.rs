@@ -385,9 +385,9 @@ fn views(
     machines
         .into_iter()
         .map(|m| {
-            let (bytes, promised, reclaimable, fill_rate) = totals
+            let (bytes, promised, reclaimable, held, fill_rate) = totals
                 .remove(&m.id)
-                .map_or((0, 0, 0, None), |t| (t.bytes, t.promised, t.reclaimable, t.fill_rate));
+                .map_or((0, 0, 0, 0, None), |t| (t.bytes, t.promised, t.reclaimable, t.held, t.fill_rate));
             let here = copies.remove(&m.id).unwrap_or_default();
             let data_free = m
                 .confirmed
@@ -407,6 +407,8 @@ fn views(
                 gpus_free: i64::from(m.gpus - m.gpus_alloc),
                 data_free,
                 reclaimable,
+                held,
+                freed: 0,
                 images: Vec::new(),
                 copies: here.states,
                 filled: here.filled,

@@ -130,6 +130,9 @@ pub fn plan(s: &Snapshot, now: DateTime<Utc>, policy: &Policy) -> Plan {
     if !policy.decisions.images {
         machines.iter_mut().for_each(|m| m.images.clear());
     }
+    if !policy.decisions.spare_holders {
+        machines.iter_mut().for_each(|m| m.held = 0);
+    }
     if !policy.decisions.expected_start {
         machines.iter_mut().for_each(|m| {
             m.filled.clear();
@@ -455,6 +458,7 @@ fn evict_for(
         c.state = CopyState::Evicting;
         m.copies.insert(*id, CopyState::Evicting);
         m.data_free = Some(m.data_free.unwrap_or(0) + c.bytes);
+        m.freed += c.bytes;
         m.reclaimable -= c.bytes;
     }
     let why = format!("copy on {} evicted to make room for drive {}", m.name, d.full);
@@ -530,6 +534,8 @@ mod tests {
             gpus_free: gpus,
             data_free,
             reclaimable: 0,
+            held: 0,
+            freed: 0,
             images: vec![],
             copies: ByDrive::default(),
             filled: ByDrive::default(),

@@ -44,6 +44,10 @@ pub struct Decisions {
     /// Pending, for as long as filling them elsewhere would take, before it goes there cold
     /// (delay scheduling): waiting holds no GPU, filling does.
     pub wait_for_warm: bool,
+    /// Among machines as good for a worker's own data, prefer the one holding fewer copies
+    /// (each weighed as [`super::score::COPY_WORTH`] of room): a worker that fills or needs
+    /// nothing there leaves the machines holding data free for the workers that mount it.
+    pub spare_holders: bool,
 }
 
 impl Decisions {
@@ -54,6 +58,7 @@ impl Decisions {
         images: true,
         expected_start: true,
         wait_for_warm: true,
+        spare_holders: true,
     };
     pub const NONE: Decisions = Decisions {
         queue_eviction: false,
@@ -62,6 +67,7 @@ impl Decisions {
         images: false,
         expected_start: false,
         wait_for_warm: false,
+        spare_holders: false,
     };
 }
 
@@ -73,7 +79,8 @@ impl Default for Decisions {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Scoring {
-    /// Whole copies first, then copies being filled, then data room, then free resources.
+    /// What is left to fill first, then whole copies, copies being filled, how soon the data
+    /// could be whole, data room (less the copies held), then free resources.
     #[default]
     Astraeus,
     /// Any machine that fits, drawn per worker from `seed`.
@@ -166,6 +173,8 @@ mod tests {
             gpus_free: 0,
             data_free: Some(1_000_000),
             reclaimable: 0,
+            held: 0,
+            freed: 0,
             images: vec![],
             copies: copy.map(|c| (Uuid::from_u128(7), c)).into_iter().collect(),
             filled: ByDrive::default(),

@@ -22,14 +22,26 @@ pub struct Score {
     pub ready_in: Reverse<i64>,
     /// The machine holds the worker's image: the data comes first, as it is larger by far.
     pub image: bool,
-    /// Room left for new copies in whole GB, when the run mounts placed drives: finer
-    /// differences are noise from disks that change under the machines.
-    pub data_free: i64,
+    /// Room left for new copies without evicting (when the run mounts placed drives; none
+    /// otherwise), less [`COPY_WORTH`] for each copy the machine holds, in whole GB: among machines as good for
+    /// the worker's own data, it goes where it keeps least data from the workers that mount
+    /// it, and evicts least. Finer differences are noise from disks that change under the
+    /// machines.
+    pub room: i64,
     /// 0–100: how much cpu and memory is left after the worker.
     pub resources: i64,
+    /// The room and the copies held, as `room` weighs them, for the event to say.
+    pub data_free: i64,
+    pub held: i64,
 }
 
 const GB: i64 = 1_000_000_000;
+
+/// What a copy a machine holds is worth, in room: a worker needing none of it goes to a
+/// machine holding fewer copies, unless the other has this much more room for each. Measured
+/// in `astraeus sim` (docs/placement.md): a heavier weight starts a few more workers warm, and
+/// past 500 GB fills more bytes for it.
+pub const COPY_WORTH: i64 = 500 * GB;
 
 /// The step `ready_in` is counted in: estimates closer than this are the same, so room and
 /// resources decide between them.
@@ -51,9 +63,10 @@ impl std::fmt::Display for Score {
         }
         write!(
             f,
-            "image {}, data room {}, resources {}",
+            "image {}, data room {}, copies held {}, resources {}",
             if self.image { "held" } else { "to pull" },
             crate::domain::quantity::human_bytes((self.data_free.max(0) * GB) as u64),
+            self.held,
             self.resources
         )
     }
@@ -61,15 +74,19 @@ impl std::fmt::Display for Score {
 
 pub fn score(m: &MachineView, r: &Request) -> Score {
     let count = |state| r.placed().filter(|d| m.copy_state(d.id) == Some(state)).count();
-    let has_placed = r.placed().next().is_some();
+    // What this pass's evictions freed is not free yet: the room only shrinks in a pass.
+    let data_free =
+        if r.placed().next().is_some() { m.data_free.unwrap_or(0).saturating_sub(m.freed) } else { 0 };
     Score {
         to_fill: Reverse(to_fill(m, r) / GB),
         complete: count(CopyState::Complete),
         filling: count(CopyState::Filling),
         ready_in: Reverse(ready_in(m, r)),
         image: m.holds_image(r),
-        data_free: if has_placed { (m.data_free.unwrap_or(0) + m.reclaimable) / GB } else { 0 },
+        room: data_free.saturating_sub(m.held.saturating_mul(COPY_WORTH)) / GB,
         resources: least_allocated(m, r),
+        data_free: data_free / GB,
+        held: m.held,
     }
 }
 
@@ -139,6 +156,8 @@ mod tests {
             gpus_free: 0,
             data_free: Some(1_000),
             reclaimable: 0,
+            held: 0,
+            freed: 0,
             images: vec![],
             copies: ByDrive::default(),
             filled: ByDrive::default(),
@@ -282,7 +301,38 @@ mod tests {
         );
         assert_eq!(
             score(&holds, &r).to_string(),
-            "complete copies 0, filling 0, data ready in 1 min, image held, data room 0 B, resources 25"
+            "complete copies 0, filling 0, data ready in 1 min, image held, data room 0 B, copies held 0, resources 25"
         );
+    }
+
+    #[test]
+    fn a_worker_needing_a_fill_either_way_spares_the_machine_holding_more_copies() {
+        let r = request(vec![drive()]);
+        let at = |free: i64, reclaimable: i64, held: i64| {
+            let mut m = machine(4000, 8_000);
+            (m.data_free, m.reclaimable, m.held) = (Some(free), reclaimable, held);
+            score(&m, &r)
+        };
+        // 4 TB free and 5 copies: 4,000 - 5 * 500 = 1,500 GB; 3 TB and 1 copy: 2,500 GB.
+        let many = at(4000 * GB, 0, 5);
+        let few = at(3000 * GB, 0, 1);
+        assert_eq!((many.room, few.room), (1500, 2500));
+        assert!(few > many, "{few:?} {many:?}");
+        // Each copy is worth 500 GB of room: 600 GB more room per copy wins all the same.
+        assert!(at(6000 * GB, 0, 5) > at(3000 * GB, 0, 0));
+        // Room freed only by evicting unused copies does not count: they are data, too.
+        assert!(at(2000 * GB, 0, 0) > at(1000 * GB, 5000 * GB, 0));
+        assert!(many.to_string().ends_with("data room 4.0 TB, copies held 5, resources 75"), "{many}");
+    }
+
+    #[test]
+    fn room_freed_by_the_passs_own_evictions_does_not_raise_the_score() {
+        let r = request(vec![drive()]);
+        let mut m = machine(4000, 8_000);
+        (m.data_free, m.reclaimable, m.held) = (Some(100 * GB), 900 * GB, 2);
+        let before = score(&m, &r);
+        // An eviction of 900 GB for a copy of 10 GB: counted as room, for the filters.
+        (m.data_free, m.freed, m.reclaimable) = (Some(990 * GB), 900 * GB, 0);
+        assert!(score(&m, &r) <= before, "bounds on a machine's score hold for the whole pass");
     }
 }

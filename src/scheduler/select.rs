@@ -211,6 +211,8 @@ mod tests {
             transports: vec![],
             data_free: None,
             reclaimable: 0,
+            held: 0,
+            freed: 0,
             images: vec![],
             copies: Default::default(),
             filled: Default::default(),

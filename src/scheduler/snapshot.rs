@@ -35,6 +35,11 @@ pub struct MachineView {
     pub data_free: Option<i64>,
     /// What evicting its unused, evictable, whole copies would free.
     pub reclaimable: i64,
+    /// Its copies whole or being filled, of any drive: data other workers may come back for.
+    pub held: i64,
+    /// Room freed by the pass's own evictions: counted in `data_free`, but not free on disk
+    /// until the agent has removed the copies, so the score leaves it out.
+    pub freed: i64,
     /// The images it holds, of those the pass's workers run (full names).
     pub images: Vec<String>,
     /// The states of its copies of the drives the pass's workers mount, by drive: a pass

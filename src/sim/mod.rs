@@ -31,6 +31,7 @@ pub const POLICIES: &[Named] = &[
     ("astraeus_no_refill_cost", |_| product(|d| d.refill_cost = false)),
     ("astraeus_no_expected_start", |_| product(|d| d.expected_start = false)),
     ("astraeus_no_wait_for_warm", |_| product(|d| d.wait_for_warm = false)),
+    ("astraeus_no_spare_holders", |_| product(|d| d.spare_holders = false)),
     ("random", |seed| baseline(Scoring::Random { seed })),
     ("image_locality", |_| baseline(Scoring::ImageLocality)),
 ];

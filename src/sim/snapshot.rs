@@ -104,6 +104,8 @@ impl Views {
                 gpus_free: m.gpus_free,
                 data_free: Some(m.data_free()),
                 reclaimable: m.reclaimable,
+                held: m.copies.len() as i64,
+                freed: 0,
                 images: Vec::new(),
                 copies: ByDrive::default(),
                 filled: ByDrive::default(),
@@ -174,6 +176,7 @@ impl Views {
             v.gpus_free = m.gpus_free;
             v.data_free = Some(m.data_free());
             v.reclaimable = m.reclaimable;
+            v.held = m.copies.len() as i64;
             v.ready = whole || shapes.iter().any(|sh| fits(m, *sh));
         }
         // Copies only of the drives the batch mounts, as the shell reads them.

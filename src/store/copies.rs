@@ -230,6 +230,8 @@ pub struct PlacementTotals {
     pub promised: i64,
     /// What evicting the whole, evictable copies that no live worker mounts would free.
     pub reclaimable: i64,
+    /// How many copies are whole or being filled.
+    pub held: i64,
     /// How fast the copy whose fill was measured last wrote, in bytes a second.
     pub fill_rate: Option<i64>,
 }
@@ -250,6 +252,7 @@ pub async fn totals_for_placement(
                 AS promised,
             COALESCE(sum({ROOM}) FILTER (WHERE c.evictable AND c.state = 'Complete' AND u.machine_id IS NULL), 0)::bigint
                 AS reclaimable,
+            count(*) FILTER (WHERE c.state IN ('Filling', 'Complete')) AS held,
             (array_agg(c.fill_rate ORDER BY c.bytes_at DESC NULLS LAST) FILTER (WHERE c.fill_rate > 0))[1]
                 AS fill_rate
          FROM copies c LEFT JOIN ({}) u ON u.machine_id = c.machine_id AND u.drive_id = c.drive_id{}

@@ -231,6 +231,14 @@ impl TestApp {
         self.request(Method::DELETE, path, Some(&self.token), None).await
     }
 
+    /// The machine worker `name` was placed on, and the newest event on it (the placement's,
+    /// right after a pass).
+    pub async fn placed(&self, name: &str) -> (Value, String) {
+        let worker = self.get(&format!("/workers/{name}")).await.json();
+        let events = self.get(&format!("/events?object=worker/{name}")).await.json();
+        (worker["status"]["machine"].clone(), events["items"][0]["message"].as_str().unwrap().to_owned())
+    }
+
     pub async fn create_drive(&self, body: &Value) -> Reply {
         self.post("/drives", body).await
     }

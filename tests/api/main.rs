@@ -6,6 +6,7 @@ mod auth;
 mod costs;
 mod drives;
 mod grants;
+mod holders;
 mod images;
 mod keys;
 mod lifecycle;

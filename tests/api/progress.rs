@@ -101,10 +101,8 @@ async fn a_worker_goes_where_its_copy_being_filled_will_be_whole_soonest(db: sql
 
     assert_eq!(app.create_run(&recipe_run()).await.status, 201);
     assert_eq!(astraeus::scheduler::tick(&app.db).await.unwrap(), 1);
-    let worker = app.get("/workers/inspect-food101-0").await.json();
-    assert_eq!(worker["status"]["machine"], "gpu-02", "{worker}");
-    let events = app.get("/events?object=worker/inspect-food101-0").await.json();
-    let message = events["items"][0]["message"].as_str().unwrap();
+    let (machine, message) = app.placed("inspect-food101-0").await;
+    assert_eq!(machine, "gpu-02", "{message}");
     assert!(
         message.contains("placed on gpu-02 (complete copies 0, filling 1, data ready in 2 min,"),
         "{message}"

@@ -529,6 +529,8 @@ try {
     sleeper.metadata.name = 'sleeper';
     sleeper.spec.task_template.args = ['-c', 'sleep 300'];
     sleeper.spec.task_template.datavolume_refs = [];
+    // A worker mounting nothing would spare the machine holding the copy: this one is named.
+    sleeper.spec.task_template.requested_resources.node_selection = { mode: 'Exact', names: [machine] };
     assert.equal((await api('POST', '/runs', sleeper)).status, 201);
     const workers = page.locator('section', { has: page.getByRole('heading', { name: 'Workers' }) });
     await waitText(workers, 'sleeper-0');

@@ -23,10 +23,10 @@ pub struct Score {
     /// The machine holds the worker's image: the data comes first, as it is larger by far.
     pub image: bool,
     /// Room left for new copies without evicting (when the run mounts placed drives; none
-    /// otherwise), less [`COPY_WORTH`] for each copy the machine holds, in whole GB: among machines as good for
-    /// the worker's own data, it goes where it keeps least data from the workers that mount
-    /// it, and evicts least. Finer differences are noise from disks that change under the
-    /// machines.
+    /// otherwise), less [`COPY_WORTH`] for each copy the machine holds, in whole GB: among
+    /// machines as good for the worker's own data, it goes where it keeps least data from the
+    /// workers that mount it, and evicts least. Finer differences are noise from disks that
+    /// change under the machines.
     pub room: i64,
     /// 0–100: how much cpu and memory is left after the worker.
     pub resources: i64,

@@ -30,8 +30,7 @@ pub struct Score {
     pub room: i64,
     /// 0–100: how much cpu and memory is left after the worker.
     pub resources: i64,
-    /// The room and the copies held, as `room` weighs them, for the event to say.
-    pub data_free: i64,
+    /// The copies `room` was lessened for, for the event to say.
     pub held: i64,
 }
 
@@ -65,10 +64,17 @@ impl std::fmt::Display for Score {
             f,
             "image {}, data room {}, copies held {}, resources {}",
             if self.image { "held" } else { "to pull" },
-            crate::domain::quantity::human_bytes((self.data_free.max(0) * GB) as u64),
+            crate::domain::quantity::human_bytes((self.data_free().max(0) * GB) as u64),
             self.held,
             self.resources
         )
+    }
+}
+
+impl Score {
+    /// The room left without evicting, in whole GB, before the copies held were weighed.
+    fn data_free(&self) -> i64 {
+        self.room.saturating_add(self.held.saturating_mul(COPY_WORTH / GB))
     }
 }
 
@@ -83,9 +89,9 @@ pub fn score(m: &MachineView, r: &Request) -> Score {
         filling: count(CopyState::Filling),
         ready_in: Reverse(ready_in(m, r)),
         image: m.holds_image(r),
-        room: data_free.saturating_sub(m.held.saturating_mul(COPY_WORTH)) / GB,
+        // Rounded down, so that the room before the copies were weighed is exact in GB.
+        room: data_free.saturating_sub(m.held.saturating_mul(COPY_WORTH)).div_euclid(GB),
         resources: least_allocated(m, r),
-        data_free: data_free / GB,
         held: m.held,
     }
 }

@@ -178,7 +178,13 @@ impl TestApp {
     /// Creates the recipe's drive and the copy a worker placed on `machine` would make, being
     /// filled there; the drive's id and the machine's.
     pub async fn recipe_drive_with_copy_on(&self, machine: &str) -> (uuid::Uuid, uuid::Uuid) {
-        let created = self.create_drive(&recipe_drive()).await;
+        self.drive_with_copy_on(&recipe_drive(), machine).await
+    }
+
+    /// Creates drive `body` and a copy of it being filled on `machine`; the drive's id and the
+    /// machine's.
+    pub async fn drive_with_copy_on(&self, body: &Value, machine: &str) -> (uuid::Uuid, uuid::Uuid) {
+        let created = self.create_drive(body).await;
         assert_eq!(created.status, 201, "{}", created.text);
         let drive = created.json()["metadata"]["uid"].as_str().unwrap().parse().unwrap();
         let id = sqlx::query_scalar("SELECT id FROM machines WHERE name = $1")

@@ -11,12 +11,7 @@ async fn a_worker_that_fills_either_way_goes_where_fewer_copies_are_held(db: sql
     // gpu-01 holds a copy of another drive; gpu-02 holds none, and has 400 GB less room.
     let mut other = recipe_drive();
     other["metadata"]["name"] = json!("imagenet");
-    let created = app.create_drive(&other).await;
-    assert_eq!(created.status, 201, "{}", created.text);
-    let drive: uuid::Uuid = created.json()["metadata"]["uid"].as_str().unwrap().parse().unwrap();
-    let gpu01: uuid::Uuid =
-        sqlx::query_scalar("SELECT id FROM machines WHERE name = 'gpu-01'").fetch_one(&app.db).await.unwrap();
-    astraeus::store::copies::ensure_for(&app.db, drive, gpu01).await.unwrap();
+    app.drive_with_copy_on(&other, "gpu-01").await;
     sqlx::query("UPDATE machines SET data_free_bytes = 6e11 WHERE name = 'gpu-02'")
         .execute(&app.db)
         .await

@@ -40,11 +40,9 @@ async fn a_machine_that_holds_the_image_wins_when_the_data_weighs_the_same(db: s
     assert_eq!(app.create_run(&run("pinned-tag", "busybox:1.36")).await.status, 201);
     assert_eq!(app.create_run(&run("other", "alpine:3.20")).await.status, 201);
     assert_eq!(astraeus::scheduler::tick(&app.db).await.unwrap(), 2);
-    let machine = async |w: &str| app.get(&format!("/workers/{w}")).await.json()["status"]["machine"].clone();
-    assert_eq!(machine("pinned-tag-0").await, "gpu-02");
-    assert_eq!(machine("other-0").await, "gpu-01");
-    let events = app.get("/events?object=worker/pinned-tag-0").await.json();
-    let message = events["items"][0]["message"].as_str().unwrap().to_owned();
+    let (pinned, message) = app.placed("pinned-tag-0").await;
+    assert_eq!(pinned, "gpu-02");
+    assert_eq!(app.placed("other-0").await.0, "gpu-01");
     assert!(message.starts_with("placed on gpu-02 (complete copies 0, filling 0, image held,"), "{message}");
     assert!(message.contains("runner-up gpu-01 (complete copies 0, filling 0, image to pull,"), "{message}");
 }
